@@ -1,0 +1,222 @@
+//! `train`: trains a GPT on a text file, or resumes a run from its checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use cinder::checkpoint;
+use cinder::cli::{Overrides, apply_on_resume, exit_on_error};
+use cinder::config::TrainConfig;
+use cinder::data::TrainingData;
+use cinder::device::{Backend, DeviceChoice};
+use cinder::progress::{ConsoleObserver, Verbosity};
+use cinder::train::{LATEST, Outcome, Trainer};
+use burn::module::Module;
+
+const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
+const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
+
+/// Train a character-level GPT on a text file, or resume a run from its checkpoint.
+///
+/// With no arguments: trains configs/tiny_cpu.toml on data/tinyshakespeare.txt and writes
+/// checkpoints/tiny_cpu/ (best/ and latest/). Ctrl-C stops after the current step and saves
+/// latest/; a second Ctrl-C exits at once.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Args {
+    /// Run configuration (TOML); fields it leaves out take the built-in tiny_cpu values
+    #[arg(long, default_value = DEFAULT_CONFIG, conflicts_with = "resume")]
+    config: PathBuf,
+    /// Training text, UTF-8 [default: data/tinyshakespeare.txt, or the resumed run's text]
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Run folder for checkpoints [default: checkpoints/<config file name>, or the resumed run's]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in this run folder (its latest/) or checkpoint folder
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// Where to run
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceChoice,
+    /// Print only errors and the final summary
+    #[arg(long, short, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Print every step and every checkpoint written
+    #[arg(long, short)]
+    verbose: bool,
+    #[command(flatten)]
+    overrides: Overrides,
+}
+
+fn main() {
+    exit_on_error(run(Args::parse()));
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let verbosity = match (args.quiet, args.verbose) {
+        (true, _) => Verbosity::Quiet,
+        (_, true) => Verbosity::Verbose,
+        _ => Verbosity::Normal,
+    };
+    let say = |line: String| {
+        if verbosity != Verbosity::Quiet {
+            println!("{line}");
+        }
+    };
+    let backend = Backend::select(args.device)?;
+    say(format!("cinder {}: {}", env!("CARGO_PKG_VERSION"), backend.describe()));
+
+    let mut trainer = match &args.resume {
+        Some(from) => resume(&args, from, backend, &say)?,
+        None => start(&args, backend, &say)?,
+    };
+    say(format!(
+        "model: {} parameters, vocabulary {} characters; run folder {}",
+        trainer.model.num_params(),
+        trainer.tokenizer.vocab_size(),
+        trainer.out_dir.display()
+    ));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond interrupt: exiting now (the last checkpoint is intact)");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing this step and saving latest/ (Ctrl-C again to quit now)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+
+    let c = &trainer.config;
+    let mut observer = ConsoleObserver::new(verbosity, trainer.iter, c.max_iters, c.log_interval);
+    let start_iter = trainer.iter;
+    let outcome = trainer.run(&mut observer, &stop);
+    observer.finish();
+    let outcome = outcome.context("training failed")?;
+    let latest = trainer.out_dir.join(LATEST);
+    match outcome {
+        Outcome::Interrupted { iter } => println!(
+            "stopped at iteration {iter}; saved {}. Resume with: train --resume {}",
+            latest.display(),
+            trainer.out_dir.display()
+        ),
+        Outcome::Finished => {
+            let best = trainer
+                .best_val_loss
+                .map_or("-".into(), |v| format!("{v:.4}"));
+            println!(
+                "done: {} iterations in {:.1} s ({} tokens), best val loss {best}; checkpoints in {}",
+                trainer.iter - start_iter,
+                observer.elapsed(),
+                (trainer.iter - start_iter) as usize * trainer.config.tokens_per_iter(),
+                trainer.out_dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A new run from the config file and flags.
+fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<Trainer> {
+    let mut config = if args.config == Path::new(DEFAULT_CONFIG) && !args.config.exists() {
+        say(format!("{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"));
+        TrainConfig::default()
+    } else {
+        TrainConfig::load(&args.config)?
+    };
+    args.overrides.apply(&mut config);
+    config.validate()?;
+    let name = args
+        .config
+        .file_stem()
+        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("checkpoints").join(name));
+    let data_path = args.data.clone().unwrap_or_else(|| DEFAULT_DATA.into());
+    say(format!("configuration ({}):\n{}", args.config.display(), indent(&config.to_toml())));
+    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?;
+    report_data(&data, &data_path, say);
+    check_writable(&out)?;
+    std::fs::write(out.join("config.toml"), config.to_toml())
+        .with_context(|| format!("cannot write {}", out.join("config.toml").display()))?;
+    Ok(Trainer::new(config, backend, data.tokenizer, data.splits, data_path, out)?)
+}
+
+/// A run continued from a checkpoint.
+fn resume(args: &Args, from: &Path, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<Trainer> {
+    let dir = checkpoint::resolve(from, &[LATEST, cinder::train::BEST])?;
+    let meta = checkpoint::load_meta(&dir)?;
+    let mut config = meta.config.clone();
+    let changes = apply_on_resume(&args.overrides, &mut config).map_err(anyhow::Error::msg)?;
+    config.validate()?;
+    say(format!(
+        "resuming {} at iteration {} of {} (written by cinder {} on {})",
+        dir.display(),
+        meta.iter,
+        config.max_iters,
+        meta.cinder_version,
+        meta.backend
+    ));
+    for c in &changes {
+        say(format!("  changed on resume: {} = {}", c.field, c.value));
+    }
+    if meta.iter >= config.max_iters {
+        bail!(
+            "the checkpoint is already at iteration {} of max_iters {}: pass a larger \
+             --max-iters to train longer",
+            meta.iter,
+            config.max_iters
+        );
+    }
+    let data_path = args.data.clone().unwrap_or_else(|| meta.data_path.clone());
+    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?;
+    if data.tokenizer != meta.vocab {
+        bail!(
+            "{} has a different vocabulary ({} characters) from the checkpoint's ({}): resume \
+             with the text the run was started on",
+            data_path.display(),
+            data.tokenizer.vocab_size(),
+            meta.vocab.vocab_size()
+        );
+    }
+    report_data(&data, &data_path, say);
+    // The run folder is the checkpoint's parent unless --out says otherwise.
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None => dir.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+    };
+    check_writable(&out)?;
+    Ok(Trainer::resume(&dir, &meta, config, backend, data.splits, data_path, out)?)
+}
+
+fn report_data(data: &TrainingData, path: &Path, say: &dyn Fn(String)) {
+    use cinder_data::Split;
+    say(format!(
+        "data: {} ({} characters: {} train, {} val; vocabulary {})",
+        path.display(),
+        data.splits.get(Split::Train).len() + data.splits.get(Split::Val).len(),
+        data.splits.get(Split::Train).len(),
+        data.splits.get(Split::Val).len(),
+        data.tokenizer.vocab_size()
+    ));
+}
+
+/// Fails now, not after an hour of training, if the run folder can't be written.
+fn check_writable(out: &Path) -> anyhow::Result<()> {
+    let fail = || format!("cannot write to the run folder {}: choose another with --out", out.display());
+    std::fs::create_dir_all(out).with_context(fail)?;
+    let probe = out.join(".cinder-write-test");
+    std::fs::write(&probe, b"ok").with_context(fail)?;
+    std::fs::remove_file(&probe).with_context(fail)?;
+    Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,156 @@
+//! Command-line pieces shared by the binaries: the config overrides of `train`.
+
+use crate::config::TrainConfig;
+
+/// A config field set from the command line: its name and new value, as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub field: &'static str,
+    pub value: String,
+}
+
+macro_rules! overrides {
+    ($($field:ident: $ty:ty, $help:literal;)*) => {
+        /// One optional flag per config field, named like nanoGPT's keys in kebab case.
+        /// A flag given wins over the config file, which wins over the built-in default.
+        #[derive(Debug, Default, Clone, clap::Args)]
+        #[command(next_help_heading = "Config overrides (flag > config file > built-in default)")]
+        pub struct Overrides {
+            $(
+                #[arg(long, value_name = stringify!($ty), help = $help)]
+                pub $field: Option<$ty>,
+            )*
+        }
+
+        impl Overrides {
+            /// Sets every field given on the command line; returns what was set.
+            pub fn apply(&self, c: &mut TrainConfig) -> Vec<Change> {
+                let mut changes = Vec::new();
+                $(
+                    if let Some(v) = &self.$field {
+                        c.$field = v.clone();
+                        changes.push(Change { field: stringify!($field), value: v.to_string() });
+                    }
+                )*
+                changes
+            }
+        }
+    };
+}
+
+overrides! {
+    max_iters: u64, "Optimiser steps in total [tiny_cpu: 2000]";
+    batch_size: usize, "Windows per micro-batch [tiny_cpu: 12]";
+    block_size: usize, "Context length in characters [tiny_cpu: 64]";
+    n_layer: usize, "Transformer blocks [tiny_cpu: 4]";
+    n_head: usize, "Attention heads per block; must divide n_embd [tiny_cpu: 4]";
+    n_embd: usize, "Embedding width [tiny_cpu: 128]";
+    dropout: f64, "Dropout probability while training, in [0, 1) [tiny_cpu: 0]";
+    bias: bool, "Biases in linear layers and LayerNorms [tiny_cpu: true]";
+    learning_rate: f64, "Peak learning rate [tiny_cpu: 1e-3]";
+    min_lr: f64, "Learning rate at the end of the cosine decay [tiny_cpu: 1e-4]";
+    warmup_iters: u64, "Linear warm-up steps [tiny_cpu: 100]";
+    lr_decay_iters: u64, "Step at which the decay reaches min_lr [tiny_cpu: 2000]";
+    weight_decay: f64, "AdamW weight decay on matrices [tiny_cpu: 0.1]";
+    beta1: f64, "AdamW beta1 [tiny_cpu: 0.9]";
+    beta2: f64, "AdamW beta2 [tiny_cpu: 0.99]";
+    grad_clip: f64, "Clip the global gradient norm to this; 0 disables [tiny_cpu: 1.0]";
+    gradient_accumulation_steps: usize, "Micro-batches per optimiser step [tiny_cpu: 1]";
+    eval_interval: u64, "Evaluate every this many steps [tiny_cpu: 250]";
+    eval_iters: usize, "Batches averaged per evaluation [tiny_cpu: 200]";
+    log_interval: u64, "Log the training loss every this many steps [tiny_cpu: 10]";
+    checkpoint_interval: u64, "Write latest/ every this many steps [tiny_cpu: 250]";
+    train_fraction: f64, "Leading fraction of the text used for training [tiny_cpu: 0.9]";
+    seed: u64, "Seed of the weights, batches and dropout [tiny_cpu: 1337]";
+}
+
+/// Fields a resumed run may change; the others come from the checkpoint.
+pub const RESUMABLE_FIELDS: &[&str] = &[
+    "max_iters",
+    "eval_interval",
+    "eval_iters",
+    "log_interval",
+    "checkpoint_interval",
+];
+
+/// Applies `overrides` to a checkpoint's `config` for a resumed run. Fields that may change are
+/// set and returned; a flag that contradicts any other field is an error naming it.
+pub fn apply_on_resume(overrides: &Overrides, config: &mut TrainConfig) -> Result<Vec<Change>, String> {
+    let saved = config.clone();
+    let changes = overrides.apply(config);
+    let table = |c: &TrainConfig| -> toml::Table { toml::from_str(&c.to_toml()).expect("config round-trips") };
+    let (before, after) = (table(&saved), table(config));
+    for change in &changes {
+        if RESUMABLE_FIELDS.contains(&change.field) {
+            continue;
+        }
+        let was = before.get(change.field).map(|v| v.to_string()).unwrap_or_default();
+        if after.get(change.field) != before.get(change.field) {
+            return Err(format!(
+                "--{} {} contradicts the checkpoint, which has {} = {was}: a resumed run keeps \
+                 its architecture, data and optimisation settings; only {} may change",
+                change.field.replace('_', "-"),
+                change.value,
+                change.field,
+                RESUMABLE_FIELDS
+                    .iter()
+                    .map(|f| format!("--{}", f.replace('_', "-")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    Ok(changes
+        .into_iter()
+        .filter(|c| RESUMABLE_FIELDS.contains(&c.field))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_config_and_are_reported() {
+        let mut c = TrainConfig::default();
+        let o = Overrides {
+            n_layer: Some(2),
+            learning_rate: Some(3e-4),
+            ..Default::default()
+        };
+        let changes = o.apply(&mut c);
+        assert_eq!((c.n_layer, c.learning_rate), (2, 3e-4));
+        assert_eq!(changes.len(), 2);
+        assert_eq!(changes[0].field, "n_layer");
+    }
+
+    #[test]
+    fn resume_accepts_schedule_fields_and_refuses_architecture() {
+        let mut c = TrainConfig::default();
+        let o = Overrides {
+            max_iters: Some(4000),
+            n_layer: Some(4), // same as the checkpoint: fine
+            ..Default::default()
+        };
+        let changes = apply_on_resume(&o, &mut c).unwrap();
+        assert_eq!(c.max_iters, 4000);
+        assert_eq!(changes, vec![Change { field: "max_iters", value: "4000".into() }]);
+
+        let mut c = TrainConfig::default();
+        let o = Overrides {
+            n_layer: Some(6),
+            ..Default::default()
+        };
+        let err = apply_on_resume(&o, &mut c).unwrap_err();
+        assert!(err.contains("--n-layer 6") && err.contains("n_layer = 4"), "{err}");
+    }
+}
+
+/// Runs a binary's `main`, printing an error as `error: <message: cause: ...>` with exit status 1
+/// (no backtrace: a user's mistake is not a crash).
+pub fn exit_on_error(result: anyhow::Result<()>) {
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,207 @@
+//! The run configuration: what `configs/*.toml` hold, with built-in defaults (the tiny CPU recipe)
+//! and checks that name the field and its allowed range.
+
+use std::path::{Path, PathBuf};
+
+use cinder_model::GptConfig;
+use serde::{Deserialize, Serialize};
+
+/// A configuration file that could not be used, or a value out of range.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: `{field}` is {value}, but it must be {allowed}")]
+    OutOfRange {
+        field: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+    #[error(transparent)]
+    Model(#[from] cinder_model::ConfigError),
+}
+
+/// Everything a training run needs besides its data. Field names follow nanoGPT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    // Model.
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub block_size: usize,
+    pub dropout: f64,
+    pub bias: bool,
+    // Optimisation.
+    pub batch_size: usize,
+    pub max_iters: u64,
+    pub learning_rate: f64,
+    pub min_lr: f64,
+    pub warmup_iters: u64,
+    pub lr_decay_iters: u64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub grad_clip: f64,
+    pub gradient_accumulation_steps: usize,
+    // Evaluation, logging, checkpoints.
+    pub eval_interval: u64,
+    pub eval_iters: usize,
+    pub log_interval: u64,
+    pub checkpoint_interval: u64,
+    // Data.
+    pub train_fraction: f64,
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    /// The tiny CPU recipe (`configs/tiny_cpu.toml`).
+    fn default() -> Self {
+        Self {
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            block_size: 64,
+            dropout: 0.0,
+            bias: true,
+            batch_size: 12,
+            max_iters: 2000,
+            learning_rate: 1e-3,
+            min_lr: 1e-4,
+            warmup_iters: 100,
+            lr_decay_iters: 2000,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            grad_clip: 1.0,
+            gradient_accumulation_steps: 1,
+            eval_interval: 250,
+            eval_iters: 200,
+            log_interval: 10,
+            checkpoint_interval: 250,
+            train_fraction: 0.9,
+            seed: 1337,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads a TOML file; fields it leaves out take the built-in defaults.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error says the line, column and key.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
+            let Some(span) = e.span() else {
+                return e.message().to_string();
+            };
+            let line_no = text[..span.start].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            format!("line {line_no} (`{line}`): {}", e.message())
+        })
+    }
+
+    /// The configuration as TOML, as saved beside a run.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a config always serialises")
+    }
+
+    /// Checks every field; the error names the field and its allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn check(ok: bool, field: &'static str, value: String, allowed: &'static str) -> Result<(), ConfigError> {
+            if ok { Ok(()) } else { Err(ConfigError::OutOfRange { field, value, allowed }) }
+        }
+        let c = self;
+        check(c.batch_size > 0, "batch_size", c.batch_size.to_string(), "at least 1")?;
+        check(c.max_iters > 0, "max_iters", c.max_iters.to_string(), "at least 1")?;
+        check(c.learning_rate > 0.0 && c.learning_rate.is_finite(), "learning_rate", c.learning_rate.to_string(), "a positive number")?;
+        check(c.min_lr >= 0.0 && c.min_lr <= c.learning_rate, "min_lr", c.min_lr.to_string(), "between 0 and learning_rate")?;
+        check(c.weight_decay >= 0.0, "weight_decay", c.weight_decay.to_string(), "0 or more")?;
+        check((0.0..1.0).contains(&c.beta1), "beta1", c.beta1.to_string(), "in [0, 1)")?;
+        check((0.0..1.0).contains(&c.beta2), "beta2", c.beta2.to_string(), "in [0, 1)")?;
+        check(c.grad_clip >= 0.0, "grad_clip", c.grad_clip.to_string(), "0 (off) or more")?;
+        check(c.gradient_accumulation_steps > 0, "gradient_accumulation_steps", c.gradient_accumulation_steps.to_string(), "at least 1")?;
+        check(c.eval_interval > 0, "eval_interval", c.eval_interval.to_string(), "at least 1")?;
+        check(c.eval_iters > 0, "eval_iters", c.eval_iters.to_string(), "at least 1")?;
+        check(c.log_interval > 0, "log_interval", c.log_interval.to_string(), "at least 1")?;
+        check(c.checkpoint_interval > 0, "checkpoint_interval", c.checkpoint_interval.to_string(), "at least 1")?;
+        check(c.train_fraction > 0.0 && c.train_fraction < 1.0, "train_fraction", c.train_fraction.to_string(), "in (0, 1)")?;
+        self.model(1).validate()?;
+        Ok(())
+    }
+
+    /// The model architecture for a vocabulary of `vocab_size` characters.
+    pub fn model(&self, vocab_size: usize) -> GptConfig {
+        GptConfig::new(vocab_size, self.block_size)
+            .with_n_layer(self.n_layer)
+            .with_n_head(self.n_head)
+            .with_n_embd(self.n_embd)
+            .with_dropout(self.dropout)
+            .with_bias(self.bias)
+    }
+
+    /// Tokens the model reads per optimiser step.
+    pub fn tokens_per_iter(&self) -> usize {
+        self.batch_size * self.block_size * self.gradient_accumulation_steps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_configs_parse_and_validate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let tiny = TrainConfig::load(&dir.join("tiny_cpu.toml")).unwrap();
+        assert_eq!(tiny, TrainConfig::default(), "tiny_cpu.toml is the built-in default");
+        let gpu = TrainConfig::load(&dir.join("shakespeare_char.toml")).unwrap();
+        assert_eq!((gpu.n_layer, gpu.n_head, gpu.n_embd), (6, 6, 384));
+        assert_eq!((gpu.block_size, gpu.batch_size, gpu.max_iters), (256, 64, 5000));
+        assert_eq!(gpu.dropout, 0.2);
+        tiny.validate().unwrap();
+        gpu.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_and_wrong_type_name_line_and_key() {
+        let err = TrainConfig::parse("n_layer = 2\nn_layers = 3\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("n_layers"), "{err}");
+        let err = TrainConfig::parse("batch_size = \"big\"\n").unwrap_err();
+        assert!(err.contains("line 1") && err.contains("batch_size"), "{err}");
+        let err = TrainConfig::parse("n_layer = \n").unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field() {
+        let cases: [(fn(&mut TrainConfig), &str); 6] = [
+            (|c| c.batch_size = 0, "batch_size"),
+            (|c| c.learning_rate = -1.0, "learning_rate"),
+            (|c| c.n_head = 3, "n_embd"),
+            (|c| c.dropout = 1.0, "dropout"),
+            (|c| c.block_size = 0, "block_size"),
+            (|c| c.beta2 = 1.0, "beta2"),
+        ];
+        for (break_it, field) in cases {
+            let mut c = TrainConfig::default();
+            break_it(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(&format!("`{field}`")), "{field}: {err}");
+        }
+    }
+}

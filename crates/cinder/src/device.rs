@@ -1,0 +1,119 @@
+//! Which backend runs the model. Cargo features decide which backends are compiled in
+//! (`flex` by default, `ndarray`, `wgpu`); `--device` picks one of them at start-up.
+
+use burn::prelude::*;
+
+/// Where to run, as asked on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum DeviceChoice {
+    /// The GPU when cinder was built with `--features wgpu`, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend (flex, or ndarray when built with only that feature).
+    Cpu,
+    /// The GPU through wgpu (needs `--features wgpu`).
+    Gpu,
+}
+
+/// The asked-for backend is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "this cinder was built without a CPU backend: rebuild with the default features, \
+         or pass --device gpu"
+    )]
+    NoCpuBackend,
+    #[error(
+        "this cinder was built without GPU support: rebuild with \
+         `cargo build --release --features wgpu`, or pass --device cpu"
+    )]
+    NoGpuBackend,
+    #[error(
+        "wgpu found no usable graphics adapter ({0}). On Linux install a Vulkan driver \
+         (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers libvulkan1`, or your GPU vendor's \
+         driver); or run on the CPU with --device cpu"
+    )]
+    NoAdapter(String),
+}
+
+/// A device to run on, with the name of its backend for messages and checkpoints.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub device: Device,
+    /// `flex`, `ndarray` or `wgpu`.
+    pub name: &'static str,
+}
+
+impl Backend {
+    /// Picks the backend for `choice` among those compiled in.
+    pub fn select(choice: DeviceChoice) -> Result<Self, DeviceError> {
+        match choice {
+            DeviceChoice::Cpu => Self::cpu(),
+            DeviceChoice::Gpu => Self::gpu(),
+            DeviceChoice::Auto => Self::gpu().or_else(|gpu_err| match gpu_err {
+                DeviceError::NoGpuBackend => Self::cpu(),
+                other => Err(other),
+            }),
+        }
+    }
+
+    /// The CPU backend compiled in: flex, else ndarray.
+    #[allow(unreachable_code)]
+    pub fn cpu() -> Result<Self, DeviceError> {
+        #[cfg(feature = "flex")]
+        return Ok(Self {
+            device: Device::flex(),
+            name: "flex",
+        });
+        #[cfg(feature = "ndarray")]
+        return Ok(Self {
+            device: Device::ndarray(),
+            name: "ndarray",
+        });
+        Err(DeviceError::NoCpuBackend)
+    }
+
+    /// The wgpu backend, checked to have an adapter.
+    #[allow(unreachable_code)]
+    pub fn gpu() -> Result<Self, DeviceError> {
+        #[cfg(feature = "wgpu")]
+        {
+            let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+            probe(&device)?;
+            return Ok(Self {
+                device,
+                name: "wgpu",
+            });
+        }
+        Err(DeviceError::NoGpuBackend)
+    }
+
+    /// One line for start-up: backend and device.
+    pub fn describe(&self) -> String {
+        let kind = if self.name == "wgpu" { "GPU" } else { "CPU" };
+        format!("backend {} ({kind}), device {:?}", self.name, self.device)
+    }
+}
+
+/// Runs one tiny operation so that a missing adapter is an error now, not a panic later.
+#[cfg(feature = "wgpu")]
+fn probe(device: &Device) -> Result<(), DeviceError> {
+    let device = device.clone();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(move || {
+        Tensor::<1>::ones([1], &device).sum().into_scalar::<f32>()
+    });
+    std::panic::set_hook(hook);
+    match result {
+        Ok(_) => Ok(()),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "no detail".into());
+            Err(DeviceError::NoAdapter(msg))
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Autoregressive generation, with or without the key/value cache.
+
+use burn::prelude::*;
+use cinder_model::{Gpt, KvCache};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::data::ids_tensor;
+use crate::sampling::SamplingParams;
+
+/// What to generate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub num_samples: usize,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    /// Use the key/value cache (same text, faster); off re-runs the whole window per token.
+    pub use_cache: bool,
+}
+
+/// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
+/// `on_token(sample, token)` as each token is chosen. Returns the new tokens of every sample.
+///
+/// The context is the last `block_size` tokens. With the cache, each token costs one position's
+/// work while the text fits in `block_size`; past that, the learned positions of every token in
+/// the window shift at each step, so the window is run whole (and the cache refilled) per token,
+/// which gives exactly the logits of the uncached path.
+pub fn generate(
+    model: &Gpt,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    device: &Device,
+    mut on_token: impl FnMut(usize, u32),
+) -> Vec<Vec<u32>> {
+    assert!(!prompt.is_empty(), "the prompt must hold at least one token");
+    let block = model.block_size();
+    let n = opts.num_samples;
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let mut texts: Vec<Vec<u32>> = vec![prompt.to_vec(); n];
+    let mut cache = KvCache::new(model.n_layer());
+    let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
+    for _ in 0..opts.max_new_tokens {
+        let len = texts[0].len();
+        let logits = if opts.use_cache {
+            if len > block {
+                cache = KvCache::new(model.n_layer()); // the window slid: run it whole
+            }
+            let start = if len > block { len - block } else { cache.len() };
+            let new = ids_tensor(&window(&texts, start, len), [n, len - start], device);
+            model.forward_cached(new, &mut cache) // (n, len - start, V)
+        } else {
+            let start = len.saturating_sub(block);
+            let ctx = ids_tensor(&window(&texts, start, len), [n, len - start], device);
+            model.forward(ctx) // (n, len - start, V)
+        };
+        let last = last_position(logits); // (n, V) on the host
+        let v = last.len() / n;
+        for (s, text) in texts.iter_mut().enumerate() {
+            let token = opts.sampling.pick(&last[s * v..(s + 1) * v], &mut rng);
+            text.push(token);
+            out[s].push(token);
+            on_token(s, token);
+        }
+    }
+    out
+}
+
+/// Tokens `from..to` of every sample, row after row.
+fn window(texts: &[Vec<u32>], from: usize, to: usize) -> Vec<u32> {
+    texts.iter().flat_map(|t| t[from..to].iter().copied()).collect()
+}
+
+/// The logits of the last position of each row, `[B, V]` flattened, on the host.
+fn last_position(logits: Tensor<3>) -> Vec<f32> {
+    let [b, t, v] = logits.dims();
+    logits
+        .slice(s![.., t - 1..t, ..])
+        .reshape([b * v])
+        .into_data()
+        .try_to_vec::<f32>()
+        .expect("logits are f32")
+}

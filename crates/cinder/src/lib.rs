@@ -1,0 +1,19 @@
+//! cinder: train a character-level GPT on a text file, sample from it, resume exactly.
+//!
+//! The model lives in `cinder-model`, the data pipeline in `cinder-data`; this crate holds the
+//! program: configuration, backend choice, the training loop, checkpoints and sampling. The
+//! binaries (`train`, `generate`) only parse arguments and report.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod device;
+pub mod eval;
+pub mod generate;
+pub mod loss;
+pub mod optim;
+pub mod progress;
+pub mod sampling;
+pub mod schedule;
+pub mod train;

@@ -1,0 +1,281 @@
+//! The training loop: AdamW steps on random batches, periodic evaluation, and checkpoints.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::prelude::*;
+use cinder_data::{Batcher, CharTokenizer, Split, Splits};
+use cinder_model::Gpt;
+
+use crate::checkpoint::{self, CheckpointError, Meta};
+use crate::config::TrainConfig;
+use crate::data::batch_tensors;
+use crate::device::Backend;
+use crate::eval;
+use crate::loss::cross_entropy;
+use crate::optim::{adamw, clip_global_norm};
+use crate::schedule::learning_rate;
+
+/// Names of the two checkpoints of a run folder.
+pub const LATEST: &str = "latest";
+pub const BEST: &str = "best";
+
+/// Why training stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(
+        "the training loss became {loss} at iteration {iter}: training stopped. The last good \
+         checkpoint is kept; try a lower --learning-rate or a --grad-clip of 1.0"
+    )]
+    NonFinite { iter: u64, loss: f32 },
+    #[error("invalid model configuration: {0}")]
+    Model(#[from] cinder_model::ConfigError),
+}
+
+/// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
+pub trait Observer {
+    /// After every optimiser step.
+    fn step(&mut self, _s: &StepReport) {}
+    /// After every evaluation.
+    fn eval(&mut self, _e: &EvalReport) {}
+    /// After a checkpoint is written.
+    fn checkpoint(&mut self, _kind: &str, _path: &Path, _iter: u64) {}
+    /// While evaluating: batches done of the total for one split.
+    fn eval_progress(&mut self, _split: Split, _done: usize, _total: usize) {}
+}
+
+/// Nothing reported.
+impl Observer for () {}
+
+/// One optimiser step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The iteration that just ran (from 0).
+    pub iter: u64,
+    pub loss: f32,
+    pub lr: f64,
+    /// Seconds this step took.
+    pub seconds: f64,
+    pub tokens: usize,
+}
+
+/// One evaluation of both splits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalReport {
+    /// Iterations completed when evaluated.
+    pub iter: u64,
+    pub train_loss: f32,
+    pub val_loss: f32,
+    /// Whether this is the best validation loss so far.
+    pub improved: bool,
+}
+
+/// How a call to [`Trainer::run`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Reached `max_iters`.
+    Finished,
+    /// Stopped by the stop flag (Ctrl-C, SIGTERM) after this many iterations.
+    Interrupted { iter: u64 },
+}
+
+/// A training run in progress: the model, its optimizer, its data, and where it writes.
+pub struct Trainer {
+    pub config: TrainConfig,
+    pub backend: Backend,
+    pub tokenizer: CharTokenizer,
+    pub splits: Splits,
+    /// The model on the autodiff device.
+    pub model: Gpt,
+    pub optim: ModuleOptimizer,
+    /// Iterations completed.
+    pub iter: u64,
+    pub best_val_loss: Option<f32>,
+    /// The training text, recorded in checkpoints so a resume finds it.
+    pub data_path: PathBuf,
+    /// The run folder: `latest/` and `best/` go inside.
+    pub out_dir: PathBuf,
+}
+
+impl Trainer {
+    /// A new run: the model initialised from the config's seed.
+    pub fn new(
+        config: TrainConfig,
+        backend: Backend,
+        tokenizer: CharTokenizer,
+        splits: Splits,
+        data_path: PathBuf,
+        out_dir: PathBuf,
+    ) -> Result<Self, TrainError> {
+        let device = backend.device.clone().autodiff();
+        device.seed(config.seed);
+        let model = config.model(tokenizer.vocab_size()).init(&device)?;
+        let optim = adamw(&config, &model);
+        Ok(Self {
+            config,
+            backend,
+            tokenizer,
+            splits,
+            model,
+            optim,
+            iter: 0,
+            best_val_loss: None,
+            data_path,
+            out_dir,
+        })
+    }
+
+    /// A run continued from the checkpoint `dir`, whose metadata is `meta`; `config` is the
+    /// checkpoint's configuration with the changes allowed on resume already applied.
+    pub fn resume(
+        dir: &Path,
+        meta: &Meta,
+        config: TrainConfig,
+        backend: Backend,
+        splits: Splits,
+        data_path: PathBuf,
+        out_dir: PathBuf,
+    ) -> Result<Self, TrainError> {
+        let device = backend.device.clone().autodiff();
+        let model = checkpoint::load_model(dir, meta, &device)?;
+        let optim = checkpoint::load_optimizer(dir, meta, adamw(&config, &model))?;
+        Ok(Self {
+            config,
+            backend,
+            tokenizer: meta.vocab.clone(),
+            splits,
+            model,
+            optim,
+            iter: meta.iter,
+            best_val_loss: meta.best_val_loss,
+            data_path,
+            out_dir,
+        })
+    }
+
+    /// Trains until `max_iters` or until `stop` is set, evaluating every `eval_interval`
+    /// iterations and at the end, and writing `latest/` every `checkpoint_interval`
+    /// iterations, at the end and when stopped, and `best/` when the validation loss improves.
+    pub fn run(
+        &mut self,
+        observer: &mut dyn Observer,
+        stop: &AtomicBool,
+    ) -> Result<Outcome, TrainError> {
+        let c = self.config.clone();
+        while self.iter < c.max_iters {
+            if stop.load(Ordering::SeqCst) {
+                self.save(LATEST, None, observer)?;
+                return Ok(Outcome::Interrupted { iter: self.iter });
+            }
+            let report = self.step();
+            if !report.loss.is_finite() {
+                return Err(TrainError::NonFinite {
+                    iter: report.iter,
+                    loss: report.loss,
+                });
+            }
+            observer.step(&report);
+            let done = self.iter;
+            let last = done == c.max_iters;
+            let mut saved_latest = false;
+            if done % c.eval_interval == 0 || last {
+                let e = self.evaluate(observer);
+                observer.eval(&e);
+                if e.improved {
+                    self.best_val_loss = Some(e.val_loss);
+                    self.save(BEST, Some(e.val_loss), observer)?;
+                }
+                if last {
+                    self.save(LATEST, Some(e.val_loss), observer)?;
+                    saved_latest = true;
+                }
+            }
+            if done % c.checkpoint_interval == 0 && !saved_latest {
+                self.save(LATEST, None, observer)?;
+            }
+        }
+        Ok(Outcome::Finished)
+    }
+
+    /// One optimiser step (iteration `self.iter`), over `gradient_accumulation_steps`
+    /// micro-batches. Its batches and dropout masks depend only on (seed, iteration).
+    pub fn step(&mut self) -> StepReport {
+        let start = Instant::now();
+        let c = &self.config;
+        let it = self.iter;
+        let device = self.backend.device.clone().autodiff();
+        device.seed(c.seed ^ it.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
+        let accum = c.gradient_accumulation_steps;
+        let tokens = self.splits.get(Split::Train);
+
+        let mut loss_sum = 0.0f32;
+        let mut grads = if accum == 1 {
+            let batch = batcher.batch(tokens, Split::Train, 0, it);
+            let (x, y) = batch_tensors(&batch, &device);
+            let loss = cross_entropy(self.model.forward(x), y);
+            loss_sum = loss.clone().into_scalar::<f32>();
+            GradientsParams::from_grads(loss.backward(), &self.model)
+        } else {
+            let mut acc = GradientsAccumulator::new();
+            for micro in 0..accum as u64 {
+                let batch = batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro);
+                let (x, y) = batch_tensors(&batch, &device);
+                let loss = cross_entropy(self.model.forward(x), y) / accum as f64;
+                loss_sum += loss.clone().into_scalar::<f32>();
+                acc.accumulate(&self.model, GradientsParams::from_grads(loss.backward(), &self.model));
+            }
+            acc.grads()
+        };
+        if c.grad_clip > 0.0 {
+            clip_global_norm(&self.model, &mut grads, c.grad_clip);
+        }
+        let lr = learning_rate(c, it);
+        self.model = self.optim.step(lr, self.model.clone(), grads);
+        self.iter += 1;
+        StepReport {
+            iter: it,
+            loss: loss_sum,
+            lr,
+            seconds: start.elapsed().as_secs_f64(),
+            tokens: c.tokens_per_iter(),
+        }
+    }
+
+    /// Mean loss on both splits over `eval_iters` batches, in inference mode.
+    pub fn evaluate(&self, observer: &mut dyn Observer) -> EvalReport {
+        let model = self.model.valid();
+        let device = &self.backend.device;
+        let c = &self.config;
+        let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
+        let mut loss = |split| {
+            eval::mean_loss_with(&model, &self.splits, split, &batcher, c.eval_iters, device, |done| {
+                observer.eval_progress(split, done, c.eval_iters)
+            })
+        };
+        let train_loss = loss(Split::Train);
+        let val_loss = loss(Split::Val);
+        EvalReport {
+            iter: self.iter,
+            train_loss,
+            val_loss,
+            improved: self.best_val_loss.is_none_or(|best| val_loss < best),
+        }
+    }
+
+    /// Writes the checkpoint `name` of the run folder.
+    fn save(&self, name: &str, val_loss: Option<f32>, observer: &mut dyn Observer) -> Result<(), TrainError> {
+        let dir = self.out_dir.join(name);
+        let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
+        meta.data_path = self.data_path.clone();
+        meta.best_val_loss = self.best_val_loss;
+        meta.val_loss = val_loss;
+        checkpoint::save(&dir, &meta, &self.model, Some(&self.optim))?;
+        observer.checkpoint(name, &dir, self.iter);
+        Ok(())
+    }
+}

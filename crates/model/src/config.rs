@@ -1,0 +1,182 @@
+//! The architecture of a GPT, and the checks that make an invalid one impossible to build.
+
+use burn::nn::{
+    DropoutConfig, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+};
+use burn::prelude::*;
+
+use crate::attention::CausalSelfAttention;
+use crate::block::Block;
+use crate::gpt::Gpt;
+use crate::mlp::Mlp;
+
+/// GPT-2 initialisation: weights are drawn from normal(0, 0.02).
+const INIT_STD: f64 = 0.02;
+
+/// A configuration field whose value is outside its allowed range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid model configuration: `{field}` is {value}, but it must be {allowed}")]
+pub struct ConfigError {
+    /// The name of the field, as written in config files (`n_embd`).
+    pub field: &'static str,
+    /// The value that was given.
+    pub value: String,
+    /// The allowed range, in words.
+    pub allowed: String,
+}
+
+/// The architecture of a [`Gpt`].
+#[derive(Config, Debug, PartialEq)]
+pub struct GptConfig {
+    /// Number of distinct tokens (characters) the model reads and predicts.
+    pub vocab_size: usize,
+    /// Longest context the model sees (number of learned positions).
+    pub block_size: usize,
+    /// Number of transformer blocks.
+    #[config(default = 4)]
+    pub n_layer: usize,
+    /// Number of attention heads per block; must divide `n_embd`.
+    #[config(default = 4)]
+    pub n_head: usize,
+    /// Width of the residual stream (embedding size).
+    #[config(default = 128)]
+    pub n_embd: usize,
+    /// Dropout probability during training, in [0, 1).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Whether linear layers and LayerNorms have a bias.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl GptConfig {
+    /// Checks every field; the error names the first field that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |field: &'static str, value: usize| {
+            if value == 0 {
+                Err(ConfigError {
+                    field,
+                    value: value.to_string(),
+                    allowed: "at least 1".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("vocab_size", self.vocab_size)?;
+        positive("block_size", self.block_size)?;
+        positive("n_layer", self.n_layer)?;
+        positive("n_head", self.n_head)?;
+        positive("n_embd", self.n_embd)?;
+        if self.n_embd % self.n_head != 0 {
+            return Err(ConfigError {
+                field: "n_embd",
+                value: self.n_embd.to_string(),
+                allowed: format!("a multiple of n_head ({})", self.n_head),
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ConfigError {
+                field: "dropout",
+                value: self.dropout.to_string(),
+                allowed: "in [0, 1)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Size of one attention head.
+    pub fn head_size(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    /// Builds the model with GPT-2 initialisation: weights normal(0, 0.02), biases zero, and the
+    /// two residual output projections of each block normal(0, 0.02 / sqrt(2 * n_layer)).
+    ///
+    /// Random draws come from the device's generator: seed it first for a reproducible model.
+    pub fn init(&self, device: &Device) -> Result<Gpt, ConfigError> {
+        self.validate()?;
+        let residual_std = INIT_STD / ((2 * self.n_layer) as f64).sqrt();
+        let embedding = |n: usize| {
+            EmbeddingConfig::new(n, self.n_embd)
+                .with_initializer(normal(INIT_STD))
+                .init(device)
+        };
+        let blocks = (0..self.n_layer)
+            .map(|_| Block {
+                ln_1: self.layer_norm(device),
+                attn: CausalSelfAttention {
+                    c_attn: self.linear(self.n_embd, 3 * self.n_embd, INIT_STD, device),
+                    c_proj: self.linear(self.n_embd, self.n_embd, residual_std, device),
+                    attn_dropout: DropoutConfig::new(self.dropout).init(),
+                    resid_dropout: DropoutConfig::new(self.dropout).init(),
+                    n_head: self.n_head,
+                },
+                ln_2: self.layer_norm(device),
+                mlp: Mlp {
+                    c_fc: self.linear(self.n_embd, 4 * self.n_embd, INIT_STD, device),
+                    gelu: burn::nn::Gelu::new(),
+                    c_proj: self.linear(4 * self.n_embd, self.n_embd, residual_std, device),
+                    dropout: DropoutConfig::new(self.dropout).init(),
+                },
+            })
+            .collect();
+        Ok(Gpt {
+            wte: embedding(self.vocab_size),
+            wpe: embedding(self.block_size),
+            drop: DropoutConfig::new(self.dropout).init(),
+            blocks,
+            ln_f: self.layer_norm(device),
+        })
+    }
+
+    fn linear(&self, d_in: usize, d_out: usize, std: f64, device: &Device) -> Linear {
+        let mut linear = LinearConfig::new(d_in, d_out)
+            .with_bias(self.bias)
+            .with_initializer(normal(std))
+            .init(device);
+        if self.bias {
+            linear.bias = Some(Initializer::Zeros.init([d_out], device));
+        }
+        linear
+    }
+
+    fn layer_norm(&self, device: &Device) -> LayerNorm {
+        LayerNormConfig::new(self.n_embd)
+            .with_bias(self.bias)
+            .init(device)
+    }
+}
+
+fn normal(std: f64) -> Initializer {
+    Initializer::Normal { mean: 0.0, std }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> GptConfig {
+        GptConfig::new(10, 8)
+    }
+
+    #[test]
+    fn rejects_each_invalid_field_by_name() {
+        let cases = [
+            (valid().with_n_head(3), "n_embd"),
+            (valid().with_n_layer(0), "n_layer"),
+            (valid().with_n_head(0), "n_head"),
+            (valid().with_n_embd(0), "n_embd"),
+            (GptConfig::new(10, 0), "block_size"),
+            (GptConfig::new(0, 8), "vocab_size"),
+            (valid().with_dropout(1.0), "dropout"),
+            (valid().with_dropout(-0.1), "dropout"),
+        ];
+        for (config, field) in cases {
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.to_string().contains(field), "{err}");
+        }
+        assert!(valid().validate().is_ok());
+    }
+}

@@ -1,0 +1,22 @@
+//! The cinder GPT: a decoder-only transformer in the shape of nanoGPT's `model.py`.
+//!
+//! - [`GptConfig`]: the architecture, validated before anything is built.
+//! - [`CausalSelfAttention`]: masked multi-head self-attention (one fused q/k/v projection).
+//! - [`Mlp`]: the 4x GELU feed-forward network.
+//! - [`Block`]: a pre-LayerNorm residual block of the two.
+//! - [`Gpt`]: embeddings, blocks, final LayerNorm and the head tied to the token embedding.
+//! - [`KvCache`]: keys and values of tokens already seen, for fast sampling.
+
+mod attention;
+mod block;
+mod cache;
+mod config;
+mod gpt;
+mod mlp;
+
+pub use attention::CausalSelfAttention;
+pub use block::Block;
+pub use cache::KvCache;
+pub use config::{ConfigError, GptConfig};
+pub use gpt::Gpt;
+pub use mlp::Mlp;
