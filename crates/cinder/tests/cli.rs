@@ -1,0 +1,152 @@
+//! The binaries end to end, on a small text in a temporary folder.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use common::{corpus_in, shakespeare, tiny_flags, tiny_flags_with};
+
+fn train(dir: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("train").unwrap();
+    cmd.current_dir(dir).arg("--data").arg(corpus_in(dir)).args(tiny_flags());
+    cmd
+}
+
+fn generate(checkpoint: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("generate").unwrap();
+    cmd.arg("--checkpoint").arg(checkpoint);
+    cmd
+}
+
+#[test]
+fn train_then_generate_exactly_the_requested_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = train(dir.path()).arg("--out").arg(&run).assert().success().get_output().stdout.clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("backend flex"), "start-up names the backend: {out}");
+    assert!(run.join("best/meta.json").is_file() && run.join("latest/model.bpk").is_file());
+    assert!(run.join("config.toml").is_file(), "the resolved config is saved with the run");
+
+    let sample = |seed: &str| {
+        let out = generate(&run)
+            .args(["--max-new-tokens", "123", "--quiet", "--seed", seed, "--prompt", "ROMEO:"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    let text = sample("7");
+    let generated = text.strip_suffix('\n').unwrap();
+    assert_eq!(generated.chars().count(), 123, "{text:?}");
+    let vocab: std::collections::BTreeSet<char> = shakespeare(20_000).chars().collect();
+    assert!(generated.chars().all(|c| vocab.contains(&c)), "{generated:?}");
+    assert_eq!(sample("7"), text, "same seed, same text");
+    assert_ne!(sample("8"), text, "another seed, another text");
+}
+
+#[test]
+fn several_samples_are_separated_and_the_summary_goes_to_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(dir.path()).arg("--out").arg(&run).assert().success();
+    let output = generate(&run)
+        .args(["--max-new-tokens", "40", "--num-samples", "3", "--prompt", "A"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let samples: Vec<&str> = stdout.trim_end().split("\n---------------\n").collect();
+    assert_eq!(samples.len(), 3, "{stdout}");
+    for s in &samples {
+        assert!(s.starts_with('A') && s.chars().count() == 41, "{s:?}");
+    }
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("characters/s"), "{stderr}");
+}
+
+#[test]
+fn generation_is_the_same_with_and_without_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(dir.path()).arg("--out").arg(&run).assert().success();
+    // Past block_size (16), so the sliding window is exercised too.
+    let text = |extra: &[&str]| {
+        let out = generate(&run)
+            .args(["--max-new-tokens", "60", "--quiet", "--temperature", "0"])
+            .args(extra)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    assert_eq!(text(&[]), text(&["--no-cache"]));
+}
+
+#[test]
+fn sigterm_saves_latest_at_the_reported_iteration() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let bin = assert_cmd::cargo::cargo_bin("train");
+    let mut child = std::process::Command::new(bin)
+        .current_dir(dir.path())
+        .arg("--data")
+        .arg(corpus_in(dir.path()))
+        .args(tiny_flags_with(&[("--max-iters", "1000000"), ("--log-interval", "1000")]))
+        .arg("--out")
+        .arg(&run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it has trained a few iterations and written a first latest/.
+    let started = Instant::now();
+    while !run.join("latest/meta.json").exists() {
+        assert!(child.try_wait().unwrap().is_none(), "train exited early");
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "exit status {:?}: {stdout}", output.status);
+    let line = stdout.lines().find(|l| l.starts_with("stopped at iteration")).expect(&stdout);
+    let iter: u64 = line["stopped at iteration ".len()..].split(';').next().unwrap().parse().unwrap();
+    assert!(iter >= 5);
+    let meta = cinder::checkpoint::load_meta(&run.join("latest")).unwrap();
+    assert_eq!(meta.iter, iter);
+}
+
+#[test]
+fn resume_continues_to_the_new_max_iters() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(dir.path()).arg("--out").arg(&run).assert().success();
+    let out = Command::cargo_bin("train")
+        .unwrap()
+        .current_dir(dir.path())
+        .arg("--resume")
+        .arg(&run)
+        .args(["--max-iters", "30"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("resuming") && out.contains("at iteration 20 of 30"), "{out}");
+    assert!(out.contains("changed on resume: max_iters = 30"), "{out}");
+    assert_eq!(cinder::checkpoint::load_meta(&run.join("latest")).unwrap().iter, 30);
+}

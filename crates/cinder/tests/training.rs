@@ -1,0 +1,248 @@
+//! The training loop, checkpoints and resume, through the library on a tiny model.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use cinder::checkpoint::{self, CheckpointError};
+use cinder::config::TrainConfig;
+use cinder::data::{TrainingData, batch_tensors};
+use cinder::device::Backend;
+use cinder::loss::cross_entropy;
+use cinder::optim::adamw;
+use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
+use cinder_data::{Batcher, Split};
+use common::{corpus_in, tiny_config};
+
+/// Burn's random generator is global to the process: tests that seed it and draw from it
+/// (initialisation, dropout) take turns.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Collects every step's loss.
+#[derive(Default)]
+struct Losses(Vec<(u64, f32)>);
+impl Observer for Losses {
+    fn step(&mut self, s: &StepReport) {
+        self.0.push((s.iter, s.loss));
+    }
+}
+
+fn trainer(config: TrainConfig, dir: &Path, out: &str) -> Trainer {
+    let data_path = corpus_in(dir);
+    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    Trainer::new(config, Backend::cpu().unwrap(), data.tokenizer, data.splits, data_path, dir.join(out)).unwrap()
+}
+
+fn resumed(config_changes: impl FnOnce(&mut TrainConfig), dir: &Path, from: &Path, out: &str) -> Trainer {
+    let meta = checkpoint::load_meta(from).unwrap();
+    let mut config = meta.config.clone();
+    config_changes(&mut config);
+    let data = TrainingData::load(&meta.data_path, None, config.train_fraction, config.block_size).unwrap();
+    Trainer::resume(from, &meta, config, Backend::cpu().unwrap(), data.splits, meta.data_path.clone(), dir.join(out))
+        .unwrap()
+}
+
+/// Every parameter's values, in visiting order.
+fn weights(model: &impl Module) -> Vec<Vec<f32>> {
+    struct All(Vec<Vec<f32>>);
+    impl ModuleVisitor for All {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.0.push(p.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let mut all = All(Vec::new());
+    model.visit(&mut all);
+    all.0
+}
+
+#[test]
+fn tiny_model_overfits_one_batch() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let config = TrainConfig { learning_rate: 3e-3, ..tiny_config() };
+    let t = trainer(config.clone(), dir.path(), "run");
+    let device = t.backend.device.clone().autodiff();
+    let batch = Batcher::new(1, 4, 16).batch(t.splits.get(Split::Train), Split::Train, 0, 0);
+    let (x, y) = batch_tensors(&batch, &device);
+    let mut model = t.model.clone();
+    let mut optim = adamw(&config, &model);
+    let mut loss = f32::INFINITY;
+    for _ in 0..300 {
+        let l = cross_entropy(model.forward(x.clone()), y.clone());
+        loss = l.clone().into_scalar::<f32>();
+        let grads = GradientsParams::from_grads(l.backward(), &model);
+        model = optim.step(config.learning_rate, model, grads);
+    }
+    assert!(loss < 0.05, "loss after 300 steps on one batch: {loss}");
+}
+
+#[test]
+fn resume_is_bit_identical_to_a_straight_run() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // Dropout on, so that the dropout masks must also be reproduced.
+    let config = TrainConfig { dropout: 0.1, max_iters: 16, ..tiny_config() };
+    let stop = AtomicBool::new(false);
+
+    let mut straight = trainer(config.clone(), dir.path(), "straight");
+    let mut straight_losses = Losses::default();
+    assert_eq!(straight.run(&mut straight_losses, &stop).unwrap(), Outcome::Finished);
+
+    let mut first = trainer(TrainConfig { max_iters: 8, ..config.clone() }, dir.path(), "halves");
+    let mut losses = Losses::default();
+    first.run(&mut losses, &stop).unwrap();
+    drop(first);
+    let mut second = resumed(|c| c.max_iters = 16, dir.path(), &dir.path().join("halves").join(LATEST), "halves");
+    assert_eq!(second.iter, 8);
+    second.run(&mut losses, &stop).unwrap();
+
+    assert_eq!(losses.0.len(), 16);
+    assert_eq!(losses.0, straight_losses.0, "every logged loss is bit-identical");
+    assert_eq!(weights(&second.model), weights(&straight.model), "final weights are identical");
+}
+
+#[test]
+fn stop_flag_saves_latest_and_reports_the_iteration() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(tiny_config(), dir.path(), "run");
+    t.step();
+    t.step();
+    let stop = AtomicBool::new(true);
+    assert_eq!(t.run(&mut (), &stop).unwrap(), Outcome::Interrupted { iter: 2 });
+    let meta = checkpoint::load_meta(&dir.path().join("run").join(LATEST)).unwrap();
+    assert_eq!(meta.iter, 2);
+}
+
+#[test]
+fn checkpoint_round_trip_keeps_weights_and_optimizer_state() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(tiny_config(), dir.path(), "run");
+    for _ in 0..3 {
+        t.step();
+    }
+    t.run(&mut (), &AtomicBool::new(true)).unwrap(); // saves latest/ at iteration 3
+    let ckpt = dir.path().join("run").join(LATEST);
+    let mut loaded = resumed(|_| {}, dir.path(), &ckpt, "run");
+    assert_eq!(weights(&loaded.model), weights(&t.model));
+    // Same optimizer state (moments and step counts): the next step gives the same weights.
+    let (a, b) = (t.step(), loaded.step());
+    assert_eq!(a.loss, b.loss);
+    assert_eq!(weights(&loaded.model), weights(&t.model));
+    // A fresh optimizer would not: AdamW's first step differs from its fourth.
+    let mut fresh = resumed(|_| {}, dir.path(), &ckpt, "run");
+    fresh.optim = adamw(&fresh.config, &fresh.model);
+    fresh.step();
+    assert_ne!(weights(&fresh.model), weights(&t.model));
+}
+
+fn saved_checkpoint(dir: &Path) -> std::path::PathBuf {
+    let mut t = trainer(tiny_config(), dir, "run");
+    t.step();
+    t.run(&mut (), &AtomicBool::new(true)).unwrap();
+    dir.join("run").join(LATEST)
+}
+
+fn load_error(ckpt: &Path) -> CheckpointError {
+    let device = Device::flex().autodiff();
+    match checkpoint::load_meta(ckpt) {
+        Err(e) => e,
+        Ok(meta) => {
+            let model = checkpoint::load_model(ckpt, &meta, &device);
+            match model {
+                Err(e) => e,
+                Ok(model) => checkpoint::load_optimizer(ckpt, &meta, adamw(&meta.config, &model))
+                    .err()
+                    .expect("a damaged checkpoint must not load"),
+            }
+        }
+    }
+}
+
+#[test]
+fn damaged_checkpoints_are_refused_naming_the_file() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = saved_checkpoint(dir.path());
+    let pristine: Vec<(String, Vec<u8>)> = ["model.bpk", "optimizer.bpk", "meta.json"]
+        .iter()
+        .map(|n| (n.to_string(), std::fs::read(ckpt.join(n)).unwrap()))
+        .collect();
+    let restore = || {
+        for (n, b) in &pristine {
+            std::fs::write(ckpt.join(n), b).unwrap();
+        }
+    };
+    for name in ["model.bpk", "optimizer.bpk"] {
+        let bytes = std::fs::read(ckpt.join(name)).unwrap();
+        let damages: [(&str, Vec<u8>); 3] = [
+            ("truncated", bytes[..bytes.len() / 2].to_vec()),
+            ("zero-length", Vec::new()),
+            ("corrupted", {
+                let mut b = bytes.clone();
+                let mid = b.len() / 2;
+                b[mid] ^= 0xff;
+                b
+            }),
+        ];
+        for (how, damaged) in damages {
+            std::fs::write(ckpt.join(name), damaged).unwrap();
+            let err = load_error(&ckpt).to_string();
+            assert!(err.contains(name), "{how} {name}: {err}");
+            restore();
+        }
+        std::fs::remove_file(ckpt.join(name)).unwrap();
+        let err = load_error(&ckpt).to_string();
+        assert!(err.contains(name) && err.contains("missing"), "{err}");
+        restore();
+    }
+    std::fs::write(ckpt.join("meta.json"), b"{ not json").unwrap();
+    assert!(load_error(&ckpt).to_string().contains("meta.json"));
+    std::fs::remove_file(ckpt.join("meta.json")).unwrap();
+    let err = checkpoint::resolve(&ckpt, &["best", "latest"]).unwrap_err().to_string();
+    assert!(err.contains("not a checkpoint") && err.contains("meta.json"), "{err}");
+}
+
+#[test]
+fn newer_format_is_refused_naming_both_versions() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = saved_checkpoint(dir.path());
+    let meta = std::fs::read_to_string(ckpt.join("meta.json")).unwrap();
+    std::fs::write(ckpt.join("meta.json"), meta.replace("\"format_version\": 1", "\"format_version\": 99")).unwrap();
+    let err = checkpoint::load_meta(&ckpt).unwrap_err().to_string();
+    assert!(err.contains("99") && err.contains(&checkpoint::FORMAT_VERSION.to_string()), "{err}");
+}
+
+#[test]
+fn leftovers_of_a_crashed_write_break_neither_load_nor_save() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = saved_checkpoint(dir.path());
+    let run = dir.path().join("run");
+    // A crash while writing: a half-written temporary folder beside latest/.
+    std::fs::create_dir_all(run.join(".latest.tmp")).unwrap();
+    std::fs::write(run.join(".latest.tmp").join("model.bpk"), b"half").unwrap();
+    assert_eq!(checkpoint::resolve(&run, &[LATEST]).unwrap(), ckpt);
+    let meta = checkpoint::load_meta(&ckpt).unwrap();
+    assert_eq!(meta.iter, 1);
+    // A crash between the renames: latest/ gone, the previous one kept as .latest.old.
+    std::fs::rename(&ckpt, run.join(".latest.old")).unwrap();
+    let found = checkpoint::resolve(&run, &[LATEST]).unwrap();
+    assert_eq!(found, run.join(".latest.old"));
+    assert_eq!(checkpoint::load_meta(&found).unwrap().iter, 1);
+    // The next save cleans up and lands in place.
+    let mut t = resumed(|_| {}, dir.path(), &found, "run");
+    t.step();
+    t.run(&mut (), &AtomicBool::new(true)).unwrap();
+    assert_eq!(checkpoint::load_meta(&ckpt).unwrap().iter, 2);
+    assert!(!run.join(".latest.tmp").exists() && !run.join(".latest.old").exists());
+}

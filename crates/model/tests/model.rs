@@ -1,0 +1,183 @@
+//! Behaviour of the transformer that could break: causality, attention against a naive
+//! reference, weight tying, and the key/value cache against the full forward pass.
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use cinder_model::{CausalSelfAttention, Gpt, GptConfig, KvCache};
+
+fn device() -> Device {
+    Device::flex()
+}
+
+fn tiny(device: &Device) -> (GptConfig, Gpt) {
+    device.seed(42);
+    let config = GptConfig::new(11, 8).with_n_layer(2).with_n_head(2).with_n_embd(16);
+    let model = config.init(device).unwrap();
+    (config, model)
+}
+
+fn ids(rows: &[&[i64]], device: &Device) -> Tensor<2, Int> {
+    let t = rows[0].len();
+    let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    Tensor::from_data(TensorData::new(flat, [rows.len(), t]), device)
+}
+
+fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn future_tokens_do_not_change_past_logits() {
+    let device = device();
+    let (_, model) = tiny(&device);
+    let a = model.forward(ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device));
+    for t in 0..7 {
+        // Change every token after position t.
+        let mut row = vec![1, 2, 3, 4, 5, 6, 7, 8];
+        for x in &mut row[t + 1..] {
+            *x = (*x + 3) % 11;
+        }
+        let b = model.forward(ids(&[&row], &device));
+        let past_a = to_vec(a.clone().slice(s![.., 0..=t, ..]));
+        let past_b = to_vec(b.clone().slice(s![.., 0..=t, ..]));
+        assert_eq!(past_a, past_b, "positions <= {t} changed");
+        let next_a = to_vec(a.clone().slice(s![.., t + 1, ..]));
+        let next_b = to_vec(b.slice(s![.., t + 1, ..]));
+        assert!(max_abs_diff(&next_a, &next_b) > 1e-4, "position {} must see token {}", t + 1, t + 1);
+    }
+}
+
+/// Attention written out head by head, query by query, with plain loops over host floats.
+fn naive_attention(attn: &CausalSelfAttention, x: &Tensor<3>) -> Vec<f32> {
+    let [b, t, c] = x.dims();
+    let h = attn.n_head;
+    let hs = c / h;
+    let qkv = to_vec(attn.c_attn.forward(x.clone())); // (B, T, 3C)
+    let at = |bi: usize, ti: usize, part: usize, hi: usize, d: usize| {
+        qkv[(bi * t + ti) * 3 * c + part * c + hi * hs + d]
+    };
+    let mut y = vec![0f32; b * t * c]; // heads concatenated
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..t {
+                let scores: Vec<f32> = (0..=i)
+                    .map(|j| {
+                        (0..hs).map(|d| at(bi, i, 0, hi, d) * at(bi, j, 1, hi, d)).sum::<f32>()
+                            / (hs as f32).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = exps.iter().sum();
+                for d in 0..hs {
+                    y[(bi * t + i) * c + hi * hs + d] =
+                        (0..=i).map(|j| exps[j] / sum * at(bi, j, 2, hi, d)).sum();
+                }
+            }
+        }
+    }
+    let y = Tensor::<3>::from_data(TensorData::new(y, [b, t, c]), &x.device());
+    to_vec(attn.c_proj.forward(y))
+}
+
+#[test]
+fn attention_agrees_with_naive_per_head_loop() {
+    let device = device();
+    let (_, model) = tiny(&device);
+    let attn = &model.blocks[0].attn;
+    let x = Tensor::<3>::random([3, 8, 16], Distribution::Normal(0.0, 1.0), &device);
+    let fast = to_vec(attn.forward(x.clone()));
+    let slow = naive_attention(attn, &x);
+    let diff = max_abs_diff(&fast, &slow);
+    assert!(diff < 1e-5, "max difference {diff}");
+}
+
+#[test]
+fn head_is_the_token_embedding() {
+    let device = device();
+    let (config, model) = tiny(&device);
+    // Only one parameter has the shape of the vocabulary table.
+    struct Shapes(Vec<Vec<usize>>);
+    impl ModuleVisitor for Shapes {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.0.push(p.val().dims().to_vec());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    model.visit(&mut shapes);
+    let tables = shapes.0.iter().filter(|s| **s == [config.vocab_size, config.n_embd]).count();
+    assert_eq!(tables, 1);
+
+    // Changing one row of the token embedding changes the logit of that token everywhere,
+    // even at positions whose input is another token: the head reads the same weights.
+    let input = ids(&[&[0, 1, 2, 3]], &device);
+    let before = model.forward(input.clone());
+    let mut changed = model.clone();
+    let w = changed.wte.weight.val();
+    let bump = Tensor::<2>::zeros([11, 16], &device).slice_assign(
+        s![9..10, ..],
+        Tensor::random([1, 16], Distribution::Normal(0.0, 1.0), &device),
+    );
+    changed.wte.weight = Param::initialized(changed.wte.weight.id, w + bump);
+    let after = changed.forward(input);
+    let logit9 = |t: Tensor<3>| to_vec(t.slice(s![.., .., 9..10]));
+    let other = |t: Tensor<3>| to_vec(t.slice(s![.., .., 0..9]));
+    assert!(max_abs_diff(&logit9(before.clone()), &logit9(after.clone())) > 1e-3);
+    assert_eq!(other(before), other(after), "token 9 is not in the input: other logits are unchanged");
+}
+
+#[test]
+fn cached_logits_equal_full_forward() {
+    let device = device();
+    let (_, model) = tiny(&device);
+    let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
+    let full = to_vec(model.forward(ids(&[&tokens], &device)));
+    // Prompt of 3 tokens at once, then one token at a time.
+    let mut cache = KvCache::new(2);
+    let mut cached = to_vec(model.forward_cached(ids(&[&tokens[..3]], &device), &mut cache));
+    for t in 3..8 {
+        cached.extend(to_vec(model.forward_cached(ids(&[&tokens[t..=t]], &device), &mut cache)));
+    }
+    assert_eq!(cache.len(), 8);
+    let diff = max_abs_diff(&full, &cached);
+    assert!(diff < 1e-4, "max difference {diff}");
+}
+
+#[test]
+fn attention_weights_are_causal_rows_that_reproduce_the_output() {
+    let device = device();
+    let (_, model) = tiny(&device);
+    let input = ids(&[&[1, 2, 3, 4, 5, 6, 7, 8], &[8, 7, 6, 5, 4, 3, 2, 1]], &device);
+    let (logits, weights) = model.forward_with_attention(input.clone());
+    assert_eq!(to_vec(logits), to_vec(model.forward(input)));
+    assert_eq!(weights.len(), 2);
+    for w in &weights {
+        assert_eq!(w.dims(), [2, 2, 8, 8]);
+        let v = to_vec(w.clone());
+        for row in v.chunks(8).enumerate() {
+            let (r, row) = row;
+            let i = r % 8;
+            let sum: f32 = row.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "row sums to {sum}");
+            assert!(row[i + 1..].iter().all(|&x| x == 0.0), "row {i} sees the future");
+        }
+    }
+    // The weights of layer 0, applied to its values, give the layer's attention output.
+    let x0 = model.wte.forward(ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device))
+        + model.wpe.forward(ids(&[&[0, 1, 2, 3, 4, 5, 6, 7]], &device));
+    let block = &model.blocks[0];
+    let xn = block.ln_1.forward(x0);
+    let qkv = block.attn.c_attn.forward(xn.clone()); // (1, 8, 48)
+    let v = qkv.narrow(2, 32, 16).reshape([1, 8, 2, 8]).swap_dims(1, 2); // (1, 2, 8, 8)
+    let w0 = weights[0].clone().slice(s![0..1, .., .., ..]);
+    let y = w0.matmul(v).swap_dims(1, 2).reshape([1, 8, 16]);
+    let mixed = to_vec(block.attn.c_proj.forward(y));
+    let direct = to_vec(block.attn.forward(xn));
+    assert!(max_abs_diff(&mixed, &direct) < 1e-5);
+}
