@@ -139,7 +139,8 @@ pub fn save(
     let mut meta = meta.clone();
     meta.files = vec![write_synced(&tmp, MODEL, &model_bytes).map_err(io)?];
     if let Some(bytes) = &optim_bytes {
-        meta.files.push(write_synced(&tmp, OPTIMIZER, bytes).map_err(io)?);
+        meta.files
+            .push(write_synced(&tmp, OPTIMIZER, bytes).map_err(io)?);
     }
     let json = serde_json::to_vec_pretty(&meta).expect("metadata always serialises");
     write_synced(&tmp, META, &json).map_err(io)?;
@@ -220,7 +221,9 @@ pub fn load_model(dir: &Path, meta: &Meta, device: &Device) -> Result<Gpt, Check
         .map_err(|e| corrupt(format!("its configuration is invalid: {e}")))?;
     let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(bytes))
         .map_err(|e| corrupt(e.to_string()))?;
-    model.try_load_record(record).map_err(|e| corrupt(e.to_string()))
+    model
+        .try_load_record(record)
+        .map_err(|e| corrupt(e.to_string()))
 }
 
 /// Loads the optimizer state of the checkpoint `dir` into `optim`.

@@ -75,16 +75,24 @@ pub const RESUMABLE_FIELDS: &[&str] = &[
 
 /// Applies `overrides` to a checkpoint's `config` for a resumed run. Fields that may change are
 /// set and returned; a flag that contradicts any other field is an error naming it.
-pub fn apply_on_resume(overrides: &Overrides, config: &mut TrainConfig) -> Result<Vec<Change>, String> {
+pub fn apply_on_resume(
+    overrides: &Overrides,
+    config: &mut TrainConfig,
+) -> Result<Vec<Change>, String> {
     let saved = config.clone();
     let changes = overrides.apply(config);
-    let table = |c: &TrainConfig| -> toml::Table { toml::from_str(&c.to_toml()).expect("config round-trips") };
+    let table = |c: &TrainConfig| -> toml::Table {
+        toml::from_str(&c.to_toml()).expect("config round-trips")
+    };
     let (before, after) = (table(&saved), table(config));
     for change in &changes {
         if RESUMABLE_FIELDS.contains(&change.field) {
             continue;
         }
-        let was = before.get(change.field).map(|v| v.to_string()).unwrap_or_default();
+        let was = before
+            .get(change.field)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
         if after.get(change.field) != before.get(change.field) {
             return Err(format!(
                 "--{} {} contradicts the checkpoint, which has {} = {was}: a resumed run keeps \
@@ -134,7 +142,13 @@ mod tests {
         };
         let changes = apply_on_resume(&o, &mut c).unwrap();
         assert_eq!(c.max_iters, 4000);
-        assert_eq!(changes, vec![Change { field: "max_iters", value: "4000".into() }]);
+        assert_eq!(
+            changes,
+            vec![Change {
+                field: "max_iters",
+                value: "4000".into()
+            }]
+        );
 
         let mut c = TrainConfig::default();
         let o = Overrides {
@@ -142,7 +156,10 @@ mod tests {
             ..Default::default()
         };
         let err = apply_on_resume(&o, &mut c).unwrap_err();
-        assert!(err.contains("--n-layer 6") && err.contains("n_layer = 4"), "{err}");
+        assert!(
+            err.contains("--n-layer 6") && err.contains("n_layer = 4"),
+            "{err}"
+        );
     }
 }
 

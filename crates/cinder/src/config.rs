@@ -122,24 +122,107 @@ impl TrainConfig {
 
     /// Checks every field; the error names the field and its allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        fn check(ok: bool, field: &'static str, value: String, allowed: &'static str) -> Result<(), ConfigError> {
-            if ok { Ok(()) } else { Err(ConfigError::OutOfRange { field, value, allowed }) }
+        fn check(
+            ok: bool,
+            field: &'static str,
+            value: String,
+            allowed: &'static str,
+        ) -> Result<(), ConfigError> {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::OutOfRange {
+                    field,
+                    value,
+                    allowed,
+                })
+            }
         }
         let c = self;
-        check(c.batch_size > 0, "batch_size", c.batch_size.to_string(), "at least 1")?;
-        check(c.max_iters > 0, "max_iters", c.max_iters.to_string(), "at least 1")?;
-        check(c.learning_rate > 0.0 && c.learning_rate.is_finite(), "learning_rate", c.learning_rate.to_string(), "a positive number")?;
-        check(c.min_lr >= 0.0 && c.min_lr <= c.learning_rate, "min_lr", c.min_lr.to_string(), "between 0 and learning_rate")?;
-        check(c.weight_decay >= 0.0, "weight_decay", c.weight_decay.to_string(), "0 or more")?;
-        check((0.0..1.0).contains(&c.beta1), "beta1", c.beta1.to_string(), "in [0, 1)")?;
-        check((0.0..1.0).contains(&c.beta2), "beta2", c.beta2.to_string(), "in [0, 1)")?;
-        check(c.grad_clip >= 0.0, "grad_clip", c.grad_clip.to_string(), "0 (off) or more")?;
-        check(c.gradient_accumulation_steps > 0, "gradient_accumulation_steps", c.gradient_accumulation_steps.to_string(), "at least 1")?;
-        check(c.eval_interval > 0, "eval_interval", c.eval_interval.to_string(), "at least 1")?;
-        check(c.eval_iters > 0, "eval_iters", c.eval_iters.to_string(), "at least 1")?;
-        check(c.log_interval > 0, "log_interval", c.log_interval.to_string(), "at least 1")?;
-        check(c.checkpoint_interval > 0, "checkpoint_interval", c.checkpoint_interval.to_string(), "at least 1")?;
-        check(c.train_fraction > 0.0 && c.train_fraction < 1.0, "train_fraction", c.train_fraction.to_string(), "in (0, 1)")?;
+        check(
+            c.batch_size > 0,
+            "batch_size",
+            c.batch_size.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.max_iters > 0,
+            "max_iters",
+            c.max_iters.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.learning_rate > 0.0 && c.learning_rate.is_finite(),
+            "learning_rate",
+            c.learning_rate.to_string(),
+            "a positive number",
+        )?;
+        check(
+            c.min_lr >= 0.0 && c.min_lr <= c.learning_rate,
+            "min_lr",
+            c.min_lr.to_string(),
+            "between 0 and learning_rate",
+        )?;
+        check(
+            c.weight_decay >= 0.0,
+            "weight_decay",
+            c.weight_decay.to_string(),
+            "0 or more",
+        )?;
+        check(
+            (0.0..1.0).contains(&c.beta1),
+            "beta1",
+            c.beta1.to_string(),
+            "in [0, 1)",
+        )?;
+        check(
+            (0.0..1.0).contains(&c.beta2),
+            "beta2",
+            c.beta2.to_string(),
+            "in [0, 1)",
+        )?;
+        check(
+            c.grad_clip >= 0.0,
+            "grad_clip",
+            c.grad_clip.to_string(),
+            "0 (off) or more",
+        )?;
+        check(
+            c.gradient_accumulation_steps > 0,
+            "gradient_accumulation_steps",
+            c.gradient_accumulation_steps.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.eval_interval > 0,
+            "eval_interval",
+            c.eval_interval.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.eval_iters > 0,
+            "eval_iters",
+            c.eval_iters.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.log_interval > 0,
+            "log_interval",
+            c.log_interval.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.checkpoint_interval > 0,
+            "checkpoint_interval",
+            c.checkpoint_interval.to_string(),
+            "at least 1",
+        )?;
+        check(
+            c.train_fraction > 0.0 && c.train_fraction < 1.0,
+            "train_fraction",
+            c.train_fraction.to_string(),
+            "in (0, 1)",
+        )?;
         self.model(1).validate()?;
         Ok(())
     }
@@ -168,10 +251,17 @@ mod tests {
     fn shipped_configs_parse_and_validate() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
         let tiny = TrainConfig::load(&dir.join("tiny_cpu.toml")).unwrap();
-        assert_eq!(tiny, TrainConfig::default(), "tiny_cpu.toml is the built-in default");
+        assert_eq!(
+            tiny,
+            TrainConfig::default(),
+            "tiny_cpu.toml is the built-in default"
+        );
         let gpu = TrainConfig::load(&dir.join("shakespeare_char.toml")).unwrap();
         assert_eq!((gpu.n_layer, gpu.n_head, gpu.n_embd), (6, 6, 384));
-        assert_eq!((gpu.block_size, gpu.batch_size, gpu.max_iters), (256, 64, 5000));
+        assert_eq!(
+            (gpu.block_size, gpu.batch_size, gpu.max_iters),
+            (256, 64, 5000)
+        );
         assert_eq!(gpu.dropout, 0.2);
         tiny.validate().unwrap();
         gpu.validate().unwrap();
@@ -182,7 +272,10 @@ mod tests {
         let err = TrainConfig::parse("n_layer = 2\nn_layers = 3\n").unwrap_err();
         assert!(err.contains("line 2") && err.contains("n_layers"), "{err}");
         let err = TrainConfig::parse("batch_size = \"big\"\n").unwrap_err();
-        assert!(err.contains("line 1") && err.contains("batch_size"), "{err}");
+        assert!(
+            err.contains("line 1") && err.contains("batch_size"),
+            "{err}"
+        );
         let err = TrainConfig::parse("n_layer = \n").unwrap_err();
         assert!(err.contains("line 1"), "{err}");
     }

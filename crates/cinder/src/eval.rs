@@ -49,3 +49,56 @@ pub fn mean_loss_with(
     let total = total.map_or(f32::NAN, |t| t.into_scalar::<f32>());
     total / n_batches as f32
 }
+
+/// Loss of a model over a whole text.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextLoss {
+    /// Mean negative log-likelihood per predicted character, in nats.
+    pub loss: f64,
+    /// Characters predicted.
+    pub predicted: usize,
+}
+
+impl TextLoss {
+    /// `exp(loss)`: the number of equally likely characters the model hesitates between.
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+
+    /// The loss in bits: what a compressor driven by the model would spend per character.
+    pub fn bits_per_char(&self) -> f64 {
+        self.loss / std::f64::consts::LN_2
+    }
+}
+
+/// Mean loss over `ids` cut into consecutive windows of `block_size` predictions (the few
+/// characters after the last whole window are left out), `batch_size` windows at a time.
+/// Calls `progress(done, total)` in windows. Needs at least `block_size + 1` ids.
+pub fn text_loss(
+    model: &Gpt,
+    ids: &[u32],
+    batch_size: usize,
+    device: &Device,
+    mut progress: impl FnMut(usize, usize),
+) -> TextLoss {
+    let block = model.block_size();
+    let windows = (ids.len().saturating_sub(1)) / block;
+    let mut total = 0.0f64;
+    for first in (0..windows).step_by(batch_size) {
+        let n = batch_size.min(windows - first);
+        let (mut x, mut y) = (Vec::with_capacity(n * block), Vec::with_capacity(n * block));
+        for w in first..first + n {
+            x.extend_from_slice(&ids[w * block..(w + 1) * block]);
+            y.extend_from_slice(&ids[w * block + 1..(w + 1) * block + 1]);
+        }
+        let x = crate::data::ids_tensor(&x, [n, block], device);
+        let y = crate::data::ids_tensor(&y, [n, block], device);
+        let mean = cross_entropy(model.forward(x), y).into_scalar::<f32>();
+        total += f64::from(mean) * n as f64;
+        progress(first + n, windows);
+    }
+    TextLoss {
+        loss: total / windows.max(1) as f64,
+        predicted: windows * block,
+    }
+}

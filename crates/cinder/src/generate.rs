@@ -33,7 +33,10 @@ pub fn generate(
     device: &Device,
     mut on_token: impl FnMut(usize, u32),
 ) -> Vec<Vec<u32>> {
-    assert!(!prompt.is_empty(), "the prompt must hold at least one token");
+    assert!(
+        !prompt.is_empty(),
+        "the prompt must hold at least one token"
+    );
     let block = model.block_size();
     let n = opts.num_samples;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
@@ -46,7 +49,11 @@ pub fn generate(
             if len > block {
                 cache = KvCache::new(model.n_layer()); // the window slid: run it whole
             }
-            let start = if len > block { len - block } else { cache.len() };
+            let start = if len > block {
+                len - block
+            } else {
+                cache.len()
+            };
             let new = ids_tensor(&window(&texts, start, len), [n, len - start], device);
             model.forward_cached(new, &mut cache) // (n, len - start, V)
         } else {
@@ -68,7 +75,10 @@ pub fn generate(
 
 /// Tokens `from..to` of every sample, row after row.
 fn window(texts: &[Vec<u32>], from: usize, to: usize) -> Vec<u32> {
-    texts.iter().flat_map(|t| t[from..to].iter().copied()).collect()
+    texts
+        .iter()
+        .flat_map(|t| t[from..to].iter().copied())
+        .collect()
 }
 
 /// The logits of the last position of each row, `[B, V]` flattened, on the host.

@@ -71,6 +71,11 @@ pub fn clip_global_norm(model: &Gpt, grads: &mut GradientsParams, max_norm: f64)
     let mut sq = SquaredSum { grads, sum: None };
     model.visit(&mut sq);
     let Some(sum) = sq.sum else { return };
-    let coef = sum.sqrt().add_scalar(1e-6).recip().mul_scalar(max_norm).clamp_max(1.0);
+    let coef = sum
+        .sqrt()
+        .add_scalar(1e-6)
+        .recip()
+        .mul_scalar(max_norm)
+        .clamp_max(1.0);
     model.visit(&mut Scale { grads, coef });
 }

@@ -75,13 +75,17 @@ impl ConsoleObserver {
 }
 
 impl Observer for ConsoleObserver {
-    fn step(&mut self, s: &StepReport) {
+    fn step(&mut self, s: &StepReport, eval: Option<&EvalReport>) {
         self.smoothed = Some(match self.smoothed {
             Some(prev) => 0.9 * prev + 0.1 * s.loss,
             None => s.loss,
         });
         let tps = s.tokens as f64 / s.seconds.max(1e-9);
-        self.tokens_per_s = if self.tokens_per_s == 0.0 { tps } else { 0.9 * self.tokens_per_s + 0.1 * tps };
+        self.tokens_per_s = if self.tokens_per_s == 0.0 {
+            tps
+        } else {
+            0.9 * self.tokens_per_s + 0.1 * tps
+        };
         let val = self.last_val.map_or("-".into(), |v| format!("{v:.4}"));
         if let Some(bar) = &self.bar {
             bar.set_position(s.iter + 1);
@@ -93,7 +97,9 @@ impl Observer for ConsoleObserver {
             ));
         }
         let log_now = self.verbosity == Verbosity::Verbose
-            || (self.verbosity == Verbosity::Normal && self.bar.is_none() && s.iter % self.log_interval == 0);
+            || (self.verbosity == Verbosity::Normal
+                && self.bar.is_none()
+                && s.iter % self.log_interval == 0);
         if log_now {
             self.println(format!(
                 "iter {:>6}: loss {:.4}, lr {:.3e}, {:.1} ms, {:.0} tokens/s",
@@ -104,8 +110,28 @@ impl Observer for ConsoleObserver {
                 tps
             ));
         }
+        if let Some(e) = eval {
+            self.eval(e);
+        }
     }
 
+    fn checkpoint(&mut self, kind: &str, path: &Path, iter: u64) {
+        if self.verbosity == Verbosity::Verbose {
+            self.println(format!(
+                "saved {kind} checkpoint at iteration {iter} to {}",
+                path.display()
+            ));
+        }
+    }
+
+    fn eval_progress(&mut self, split: Split, done: usize, total: usize) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(format!("evaluating {} {done}/{total}", split.name()));
+        }
+    }
+}
+
+impl ConsoleObserver {
     fn eval(&mut self, e: &EvalReport) {
         self.last_val = Some(e.val_loss);
         if self.verbosity != Verbosity::Quiet {
@@ -116,18 +142,6 @@ impl Observer for ConsoleObserver {
                 e.val_loss,
                 if e.improved { " (best so far)" } else { "" }
             ));
-        }
-    }
-
-    fn checkpoint(&mut self, kind: &str, path: &Path, iter: u64) {
-        if self.verbosity == Verbosity::Verbose {
-            self.println(format!("saved {kind} checkpoint at iteration {iter} to {}", path.display()));
-        }
-    }
-
-    fn eval_progress(&mut self, split: Split, done: usize, total: usize) {
-        if let Some(bar) = &self.bar {
-            bar.set_message(format!("evaluating {} {done}/{total}", split.name()));
         }
     }
 }

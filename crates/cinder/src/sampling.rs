@@ -97,25 +97,48 @@ mod tests {
     #[test]
     fn top_p_keeps_smallest_set_reaching_p() {
         let logits = logits_of(&[0.1, 0.5, 0.15, 0.25]);
-        let with_p = |p| SamplingParams { temperature: 1.0, top_k: None, top_p: Some(p) };
+        let with_p = |p| SamplingParams {
+            temperature: 1.0,
+            top_k: None,
+            top_p: Some(p),
+        };
         // Sorted: 0.5 (1), 0.25 (3), 0.15 (2), 0.1 (0).
-        let kept = |p| with_p(p).distribution(&logits).iter().map(|&q| q > 0.0).collect::<Vec<_>>();
+        let kept = |p| {
+            with_p(p)
+                .distribution(&logits)
+                .iter()
+                .map(|&q| q > 0.0)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(kept(0.5), [false, true, false, false]);
         assert_eq!(kept(0.6), [false, true, false, true]);
         assert_eq!(kept(0.75), [false, true, false, true]);
         assert_eq!(kept(0.8), [false, true, true, true]);
         assert_eq!(kept(1.0), [true, true, true, true]);
         let d = with_p(0.6).distribution(&logits);
-        assert!((d[1] - 0.5 / 0.75).abs() < 1e-6 && (d[3] - 0.25 / 0.75).abs() < 1e-6, "{d:?}");
+        assert!(
+            (d[1] - 0.5 / 0.75).abs() < 1e-6 && (d[3] - 0.25 / 0.75).abs() < 1e-6,
+            "{d:?}"
+        );
     }
 
     #[test]
     fn top_k_one_is_greedy() {
         let mut rng = ChaCha8Rng::seed_from_u64(0);
-        let top1 = SamplingParams { temperature: 1.3, top_k: Some(1), top_p: None };
-        let greedy = SamplingParams { temperature: 0.0, top_k: None, top_p: None };
+        let top1 = SamplingParams {
+            temperature: 1.3,
+            top_k: Some(1),
+            top_p: None,
+        };
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        };
         for i in 0..50 {
-            let logits: Vec<f32> = (0..20).map(|j| ((i * 7 + j * 13) % 17) as f32 * 0.3).collect();
+            let logits: Vec<f32> = (0..20)
+                .map(|j| ((i * 7 + j * 13) % 17) as f32 * 0.3)
+                .collect();
             assert_eq!(top1.pick(&logits, &mut rng), greedy.pick(&logits, &mut rng));
             assert_eq!(greedy.pick(&logits, &mut rng), argmax(&logits));
         }
@@ -123,7 +146,11 @@ mod tests {
 
     #[test]
     fn samples_follow_the_distribution() {
-        let params = SamplingParams { temperature: 1.0, top_k: Some(2), top_p: None };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: Some(2),
+            top_p: None,
+        };
         let logits = logits_of(&[0.2, 0.6, 0.05, 0.15]);
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let mut counts = [0usize; 4];

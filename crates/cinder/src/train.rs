@@ -38,10 +38,8 @@ pub enum TrainError {
 
 /// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
 pub trait Observer {
-    /// After every optimiser step.
-    fn step(&mut self, _s: &StepReport) {}
-    /// After every evaluation.
-    fn eval(&mut self, _e: &EvalReport) {}
+    /// After every optimiser step, with the evaluation that followed it, if one did.
+    fn step(&mut self, _s: &StepReport, _eval: Option<&EvalReport>) {}
     /// After a checkpoint is written.
     fn checkpoint(&mut self, _kind: &str, _path: &Path, _iter: u64) {}
     /// While evaluating: batches done of the total for one split.
@@ -50,6 +48,22 @@ pub trait Observer {
 
 /// Nothing reported.
 impl Observer for () {}
+
+/// Both observers, in turn.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn step(&mut self, s: &StepReport, eval: Option<&EvalReport>) {
+        self.0.step(s, eval);
+        self.1.step(s, eval);
+    }
+    fn checkpoint(&mut self, kind: &str, path: &Path, iter: u64) {
+        self.0.checkpoint(kind, path, iter);
+        self.1.checkpoint(kind, path, iter);
+    }
+    fn eval_progress(&mut self, split: Split, done: usize, total: usize) {
+        self.0.eval_progress(split, done, total);
+        self.1.eval_progress(split, done, total);
+    }
+}
 
 /// One optimiser step.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,13 +192,12 @@ impl Trainer {
                     loss: report.loss,
                 });
             }
-            observer.step(&report);
             let done = self.iter;
             let last = done == c.max_iters;
+            let eval = (done % c.eval_interval == 0 || last).then(|| self.evaluate(observer));
+            observer.step(&report, eval.as_ref());
             let mut saved_latest = false;
-            if done % c.eval_interval == 0 || last {
-                let e = self.evaluate(observer);
-                observer.eval(&e);
+            if let Some(e) = eval {
                 if e.improved {
                     self.best_val_loss = Some(e.val_loss);
                     self.save(BEST, Some(e.val_loss), observer)?;
@@ -227,7 +240,10 @@ impl Trainer {
                 let (x, y) = batch_tensors(&batch, &device);
                 let loss = cross_entropy(self.model.forward(x), y) / accum as f64;
                 loss_sum += loss.clone().into_scalar::<f32>();
-                acc.accumulate(&self.model, GradientsParams::from_grads(loss.backward(), &self.model));
+                acc.accumulate(
+                    &self.model,
+                    GradientsParams::from_grads(loss.backward(), &self.model),
+                );
             }
             acc.grads()
         };
@@ -253,9 +269,15 @@ impl Trainer {
         let c = &self.config;
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
         let mut loss = |split| {
-            eval::mean_loss_with(&model, &self.splits, split, &batcher, c.eval_iters, device, |done| {
-                observer.eval_progress(split, done, c.eval_iters)
-            })
+            eval::mean_loss_with(
+                &model,
+                &self.splits,
+                split,
+                &batcher,
+                c.eval_iters,
+                device,
+                |done| observer.eval_progress(split, done, c.eval_iters),
+            )
         };
         let train_loss = loss(Split::Train);
         let val_loss = loss(Split::Val);
@@ -268,7 +290,12 @@ impl Trainer {
     }
 
     /// Writes the checkpoint `name` of the run folder.
-    fn save(&self, name: &str, val_loss: Option<f32>, observer: &mut dyn Observer) -> Result<(), TrainError> {
+    fn save(
+        &self,
+        name: &str,
+        val_loss: Option<f32>,
+        observer: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
         let dir = self.out_dir.join(name);
         let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
         meta.data_path = self.data_path.clone();

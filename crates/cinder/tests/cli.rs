@@ -11,7 +11,10 @@ use common::{corpus_in, shakespeare, tiny_flags, tiny_flags_with};
 
 fn train(dir: &Path) -> Command {
     let mut cmd = Command::cargo_bin("train").unwrap();
-    cmd.current_dir(dir).arg("--data").arg(corpus_in(dir)).args(tiny_flags());
+    cmd.current_dir(dir)
+        .arg("--data")
+        .arg(corpus_in(dir))
+        .args(tiny_flags());
     cmd
 }
 
@@ -25,15 +28,36 @@ fn generate(checkpoint: &Path) -> Command {
 fn train_then_generate_exactly_the_requested_characters() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = train(dir.path()).arg("--out").arg(&run).assert().success().get_output().stdout.clone();
+    let out = train(dir.path())
+        .arg("--out")
+        .arg(&run)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let out = String::from_utf8(out).unwrap();
-    assert!(out.contains("backend flex"), "start-up names the backend: {out}");
+    assert!(
+        out.contains("backend flex"),
+        "start-up names the backend: {out}"
+    );
     assert!(run.join("best/meta.json").is_file() && run.join("latest/model.bpk").is_file());
-    assert!(run.join("config.toml").is_file(), "the resolved config is saved with the run");
+    assert!(
+        run.join("config.toml").is_file(),
+        "the resolved config is saved with the run"
+    );
 
     let sample = |seed: &str| {
         let out = generate(&run)
-            .args(["--max-new-tokens", "123", "--quiet", "--seed", seed, "--prompt", "ROMEO:"])
+            .args([
+                "--max-new-tokens",
+                "123",
+                "--quiet",
+                "--seed",
+                seed,
+                "--prompt",
+                "ROMEO:",
+            ])
             .assert()
             .success()
             .get_output()
@@ -45,7 +69,10 @@ fn train_then_generate_exactly_the_requested_characters() {
     let generated = text.strip_suffix('\n').unwrap();
     assert_eq!(generated.chars().count(), 123, "{text:?}");
     let vocab: std::collections::BTreeSet<char> = shakespeare(20_000).chars().collect();
-    assert!(generated.chars().all(|c| vocab.contains(&c)), "{generated:?}");
+    assert!(
+        generated.chars().all(|c| vocab.contains(&c)),
+        "{generated:?}"
+    );
     assert_eq!(sample("7"), text, "same seed, same text");
     assert_ne!(sample("8"), text, "another seed, another text");
 }
@@ -56,7 +83,14 @@ fn several_samples_are_separated_and_the_summary_goes_to_stderr() {
     let run = dir.path().join("run");
     train(dir.path()).arg("--out").arg(&run).assert().success();
     let output = generate(&run)
-        .args(["--max-new-tokens", "40", "--num-samples", "3", "--prompt", "A"])
+        .args([
+            "--max-new-tokens",
+            "40",
+            "--num-samples",
+            "3",
+            "--prompt",
+            "A",
+        ])
         .assert()
         .success()
         .get_output()
@@ -100,7 +134,10 @@ fn sigterm_saves_latest_at_the_reported_iteration() {
         .current_dir(dir.path())
         .arg("--data")
         .arg(corpus_in(dir.path()))
-        .args(tiny_flags_with(&[("--max-iters", "1000000"), ("--log-interval", "1000")]))
+        .args(tiny_flags_with(&[
+            ("--max-iters", "1000000"),
+            ("--log-interval", "1000"),
+        ]))
         .arg("--out")
         .arg(&run)
         .stdout(Stdio::piped())
@@ -111,7 +148,10 @@ fn sigterm_saves_latest_at_the_reported_iteration() {
     let started = Instant::now();
     while !run.join("latest/meta.json").exists() {
         assert!(child.try_wait().unwrap().is_none(), "train exited early");
-        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint written");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint written"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let status = std::process::Command::new("kill")
@@ -121,9 +161,21 @@ fn sigterm_saves_latest_at_the_reported_iteration() {
     assert!(status.success());
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8(output.stdout).unwrap();
-    assert!(output.status.success(), "exit status {:?}: {stdout}", output.status);
-    let line = stdout.lines().find(|l| l.starts_with("stopped at iteration")).expect(&stdout);
-    let iter: u64 = line["stopped at iteration ".len()..].split(';').next().unwrap().parse().unwrap();
+    assert!(
+        output.status.success(),
+        "exit status {:?}: {stdout}",
+        output.status
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("stopped at iteration"))
+        .expect(&stdout);
+    let iter: u64 = line["stopped at iteration ".len()..]
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(iter >= 5);
     let meta = cinder::checkpoint::load_meta(&run.join("latest")).unwrap();
     assert_eq!(meta.iter, iter);
@@ -146,7 +198,15 @@ fn resume_continues_to_the_new_max_iters() {
         .stdout
         .clone();
     let out = String::from_utf8(out).unwrap();
-    assert!(out.contains("resuming") && out.contains("at iteration 20 of 30"), "{out}");
+    assert!(
+        out.contains("resuming") && out.contains("at iteration 20 of 30"),
+        "{out}"
+    );
     assert!(out.contains("changed on resume: max_iters = 30"), "{out}");
-    assert_eq!(cinder::checkpoint::load_meta(&run.join("latest")).unwrap().iter, 30);
+    assert_eq!(
+        cinder::checkpoint::load_meta(&run.join("latest"))
+            .unwrap()
+            .iter,
+        30
+    );
 }

@@ -29,24 +29,52 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[derive(Default)]
 struct Losses(Vec<(u64, f32)>);
 impl Observer for Losses {
-    fn step(&mut self, s: &StepReport) {
+    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::train::EvalReport>) {
         self.0.push((s.iter, s.loss));
     }
 }
 
 fn trainer(config: TrainConfig, dir: &Path, out: &str) -> Trainer {
     let data_path = corpus_in(dir);
-    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
-    Trainer::new(config, Backend::cpu().unwrap(), data.tokenizer, data.splits, data_path, dir.join(out)).unwrap()
+    let data =
+        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    Trainer::new(
+        config,
+        Backend::cpu().unwrap(),
+        data.tokenizer,
+        data.splits,
+        data_path,
+        dir.join(out),
+    )
+    .unwrap()
 }
 
-fn resumed(config_changes: impl FnOnce(&mut TrainConfig), dir: &Path, from: &Path, out: &str) -> Trainer {
+fn resumed(
+    config_changes: impl FnOnce(&mut TrainConfig),
+    dir: &Path,
+    from: &Path,
+    out: &str,
+) -> Trainer {
     let meta = checkpoint::load_meta(from).unwrap();
     let mut config = meta.config.clone();
     config_changes(&mut config);
-    let data = TrainingData::load(&meta.data_path, None, config.train_fraction, config.block_size).unwrap();
-    Trainer::resume(from, &meta, config, Backend::cpu().unwrap(), data.splits, meta.data_path.clone(), dir.join(out))
-        .unwrap()
+    let data = TrainingData::load(
+        &meta.data_path,
+        None,
+        config.train_fraction,
+        config.block_size,
+    )
+    .unwrap();
+    Trainer::resume(
+        from,
+        &meta,
+        config,
+        Backend::cpu().unwrap(),
+        data.splits,
+        meta.data_path.clone(),
+        dir.join(out),
+    )
+    .unwrap()
 }
 
 /// Every parameter's values, in visiting order.
@@ -54,7 +82,8 @@ fn weights(model: &impl Module) -> Vec<Vec<f32>> {
     struct All(Vec<Vec<f32>>);
     impl ModuleVisitor for All {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            self.0.push(p.val().into_data().try_to_vec::<f32>().unwrap());
+            self.0
+                .push(p.val().into_data().try_to_vec::<f32>().unwrap());
         }
     }
     let mut all = All(Vec::new());
@@ -66,7 +95,10 @@ fn weights(model: &impl Module) -> Vec<Vec<f32>> {
 fn tiny_model_overfits_one_batch() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let config = TrainConfig { learning_rate: 3e-3, ..tiny_config() };
+    let config = TrainConfig {
+        learning_rate: 3e-3,
+        ..tiny_config()
+    };
     let t = trainer(config.clone(), dir.path(), "run");
     let device = t.backend.device.clone().autodiff();
     let batch = Batcher::new(1, 4, 16).batch(t.splits.get(Split::Train), Split::Train, 0, 0);
@@ -88,24 +120,50 @@ fn resume_is_bit_identical_to_a_straight_run() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     // Dropout on, so that the dropout masks must also be reproduced.
-    let config = TrainConfig { dropout: 0.1, max_iters: 16, ..tiny_config() };
+    let config = TrainConfig {
+        dropout: 0.1,
+        max_iters: 16,
+        ..tiny_config()
+    };
     let stop = AtomicBool::new(false);
 
     let mut straight = trainer(config.clone(), dir.path(), "straight");
     let mut straight_losses = Losses::default();
-    assert_eq!(straight.run(&mut straight_losses, &stop).unwrap(), Outcome::Finished);
+    assert_eq!(
+        straight.run(&mut straight_losses, &stop).unwrap(),
+        Outcome::Finished
+    );
 
-    let mut first = trainer(TrainConfig { max_iters: 8, ..config.clone() }, dir.path(), "halves");
+    let mut first = trainer(
+        TrainConfig {
+            max_iters: 8,
+            ..config.clone()
+        },
+        dir.path(),
+        "halves",
+    );
     let mut losses = Losses::default();
     first.run(&mut losses, &stop).unwrap();
     drop(first);
-    let mut second = resumed(|c| c.max_iters = 16, dir.path(), &dir.path().join("halves").join(LATEST), "halves");
+    let mut second = resumed(
+        |c| c.max_iters = 16,
+        dir.path(),
+        &dir.path().join("halves").join(LATEST),
+        "halves",
+    );
     assert_eq!(second.iter, 8);
     second.run(&mut losses, &stop).unwrap();
 
     assert_eq!(losses.0.len(), 16);
-    assert_eq!(losses.0, straight_losses.0, "every logged loss is bit-identical");
-    assert_eq!(weights(&second.model), weights(&straight.model), "final weights are identical");
+    assert_eq!(
+        losses.0, straight_losses.0,
+        "every logged loss is bit-identical"
+    );
+    assert_eq!(
+        weights(&second.model),
+        weights(&straight.model),
+        "final weights are identical"
+    );
 }
 
 #[test]
@@ -116,7 +174,10 @@ fn stop_flag_saves_latest_and_reports_the_iteration() {
     t.step();
     t.step();
     let stop = AtomicBool::new(true);
-    assert_eq!(t.run(&mut (), &stop).unwrap(), Outcome::Interrupted { iter: 2 });
+    assert_eq!(
+        t.run(&mut (), &stop).unwrap(),
+        Outcome::Interrupted { iter: 2 }
+    );
     let meta = checkpoint::load_meta(&dir.path().join("run").join(LATEST)).unwrap();
     assert_eq!(meta.iter, 2);
 }
@@ -207,8 +268,13 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
     std::fs::write(ckpt.join("meta.json"), b"{ not json").unwrap();
     assert!(load_error(&ckpt).to_string().contains("meta.json"));
     std::fs::remove_file(ckpt.join("meta.json")).unwrap();
-    let err = checkpoint::resolve(&ckpt, &["best", "latest"]).unwrap_err().to_string();
-    assert!(err.contains("not a checkpoint") && err.contains("meta.json"), "{err}");
+    let err = checkpoint::resolve(&ckpt, &["best", "latest"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not a checkpoint") && err.contains("meta.json"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -217,9 +283,16 @@ fn newer_format_is_refused_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = saved_checkpoint(dir.path());
     let meta = std::fs::read_to_string(ckpt.join("meta.json")).unwrap();
-    std::fs::write(ckpt.join("meta.json"), meta.replace("\"format_version\": 1", "\"format_version\": 99")).unwrap();
+    std::fs::write(
+        ckpt.join("meta.json"),
+        meta.replace("\"format_version\": 1", "\"format_version\": 99"),
+    )
+    .unwrap();
     let err = checkpoint::load_meta(&ckpt).unwrap_err().to_string();
-    assert!(err.contains("99") && err.contains(&checkpoint::FORMAT_VERSION.to_string()), "{err}");
+    assert!(
+        err.contains("99") && err.contains(&checkpoint::FORMAT_VERSION.to_string()),
+        "{err}"
+    );
 }
 
 #[test]

@@ -97,12 +97,27 @@ mod tests {
     fn same_seed_same_batches_other_seed_others() {
         let t = tokens();
         let a = Batcher::new(7, 4, 8);
-        assert_eq!(a.batch(&t, Split::Train, 0, 5), a.batch(&t, Split::Train, 0, 5));
-        assert_ne!(a.batch(&t, Split::Train, 0, 5), a.batch(&t, Split::Train, 0, 6));
-        assert_ne!(a.batch(&t, Split::Train, 0, 5), a.batch(&t, Split::Train, 1, 5));
-        assert_ne!(a.batch(&t, Split::Train, 0, 5), a.batch(&t, Split::Val, 0, 5));
+        assert_eq!(
+            a.batch(&t, Split::Train, 0, 5),
+            a.batch(&t, Split::Train, 0, 5)
+        );
+        assert_ne!(
+            a.batch(&t, Split::Train, 0, 5),
+            a.batch(&t, Split::Train, 0, 6)
+        );
+        assert_ne!(
+            a.batch(&t, Split::Train, 0, 5),
+            a.batch(&t, Split::Train, 1, 5)
+        );
+        assert_ne!(
+            a.batch(&t, Split::Train, 0, 5),
+            a.batch(&t, Split::Val, 0, 5)
+        );
         let b = Batcher::new(8, 4, 8);
-        assert_ne!(a.batch(&t, Split::Train, 0, 5), b.batch(&t, Split::Train, 0, 5));
+        assert_ne!(
+            a.batch(&t, Split::Train, 0, 5),
+            b.batch(&t, Split::Train, 0, 5)
+        );
     }
 
     #[test]

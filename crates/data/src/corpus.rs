@@ -139,8 +139,14 @@ mod tests {
         let (d, path) = file_with(b"");
         assert!(matches!(Corpus::open(&path), Err(CorpusError::Empty(_))));
         let (_e, bom_only) = file_with("\u{feff}".as_bytes());
-        assert!(matches!(Corpus::open(&bom_only), Err(CorpusError::Empty(_))));
-        assert!(matches!(Corpus::open(d.path()), Err(CorpusError::IsDirectory(_))));
+        assert!(matches!(
+            Corpus::open(&bom_only),
+            Err(CorpusError::Empty(_))
+        ));
+        assert!(matches!(
+            Corpus::open(d.path()),
+            Err(CorpusError::IsDirectory(_))
+        ));
         let missing = d.path().join("nope.txt");
         let err = Corpus::open(&missing).err().unwrap();
         assert!(err.to_string().contains("nope.txt"), "{err}");

@@ -87,7 +87,10 @@ impl CharTokenizer {
     }
 
     /// Ids of every character, or an error listing the characters the vocabulary lacks.
-    pub fn encode(&self, chars: impl IntoIterator<Item = char>) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode(
+        &self,
+        chars: impl IntoIterator<Item = char>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         let mut unknown = Vec::new();
         for c in chars {
@@ -153,7 +156,10 @@ mod tests {
         let t = CharTokenizer::from_chars("abc".chars());
         let err = t.encode("abzxz".chars()).unwrap_err();
         assert_eq!(err.0, vec!['z', 'x']);
-        assert_eq!(err.to_string(), "the vocabulary has no characters: 'z', 'x'");
+        assert_eq!(
+            err.to_string(),
+            "the vocabulary has no characters: 'z', 'x'"
+        );
     }
 
     #[test]

@@ -72,8 +72,9 @@ impl CausalSelfAttention {
 
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hs as f64).sqrt()); // (B, H, T, T_keys)
         // Query i sits at position (t_keys - t + i): it may see keys up to that position.
-        let future = Tensor::<2, Bool>::tril_mask([t, t_keys], (t_keys - t) as i64, &scores.device())
-            .reshape([1, 1, t, t_keys]);
+        let future =
+            Tensor::<2, Bool>::tril_mask([t, t_keys], (t_keys - t) as i64, &scores.device())
+                .reshape([1, 1, t, t_keys]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let weights = softmax(scores, 3); // (B, H, T, T_keys), rows sum to 1
         let y = self.attn_dropout.forward(weights.clone()).matmul(v); // (B, H, T, hs)

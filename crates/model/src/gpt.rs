@@ -85,7 +85,8 @@ impl Gpt {
     fn embed(&self, idx: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let t = idx.dims()[1];
         let device = idx.device();
-        let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device).reshape([1, t]);
+        let pos =
+            Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device).reshape([1, t]);
         let x = self.wte.forward(idx) + self.wpe.forward(pos); // (B, T, C) + (1, T, C)
         self.drop.forward(x) // (B, T, C)
     }

@@ -12,7 +12,10 @@ fn device() -> Device {
 
 fn tiny(device: &Device) -> (GptConfig, Gpt) {
     device.seed(42);
-    let config = GptConfig::new(11, 8).with_n_layer(2).with_n_head(2).with_n_embd(16);
+    let config = GptConfig::new(11, 8)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(16);
     let model = config.init(device).unwrap();
     (config, model)
 }
@@ -29,7 +32,10 @@ fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -49,7 +55,12 @@ fn future_tokens_do_not_change_past_logits() {
         assert_eq!(past_a, past_b, "positions <= {t} changed");
         let next_a = to_vec(a.clone().slice(s![.., t + 1, ..]));
         let next_b = to_vec(b.slice(s![.., t + 1, ..]));
-        assert!(max_abs_diff(&next_a, &next_b) > 1e-4, "position {} must see token {}", t + 1, t + 1);
+        assert!(
+            max_abs_diff(&next_a, &next_b) > 1e-4,
+            "position {} must see token {}",
+            t + 1,
+            t + 1
+        );
     }
 }
 
@@ -68,7 +79,9 @@ fn naive_attention(attn: &CausalSelfAttention, x: &Tensor<3>) -> Vec<f32> {
             for i in 0..t {
                 let scores: Vec<f32> = (0..=i)
                     .map(|j| {
-                        (0..hs).map(|d| at(bi, i, 0, hi, d) * at(bi, j, 1, hi, d)).sum::<f32>()
+                        (0..hs)
+                            .map(|d| at(bi, i, 0, hi, d) * at(bi, j, 1, hi, d))
+                            .sum::<f32>()
                             / (hs as f32).sqrt()
                     })
                     .collect();
@@ -111,7 +124,11 @@ fn head_is_the_token_embedding() {
     }
     let mut shapes = Shapes(Vec::new());
     model.visit(&mut shapes);
-    let tables = shapes.0.iter().filter(|s| **s == [config.vocab_size, config.n_embd]).count();
+    let tables = shapes
+        .0
+        .iter()
+        .filter(|s| **s == [config.vocab_size, config.n_embd])
+        .count();
     assert_eq!(tables, 1);
 
     // Changing one row of the token embedding changes the logit of that token everywhere,
@@ -129,7 +146,11 @@ fn head_is_the_token_embedding() {
     let logit9 = |t: Tensor<3>| to_vec(t.slice(s![.., .., 9..10]));
     let other = |t: Tensor<3>| to_vec(t.slice(s![.., .., 0..9]));
     assert!(max_abs_diff(&logit9(before.clone()), &logit9(after.clone())) > 1e-3);
-    assert_eq!(other(before), other(after), "token 9 is not in the input: other logits are unchanged");
+    assert_eq!(
+        other(before),
+        other(after),
+        "token 9 is not in the input: other logits are unchanged"
+    );
 }
 
 #[test]
@@ -142,7 +163,9 @@ fn cached_logits_equal_full_forward() {
     let mut cache = KvCache::new(2);
     let mut cached = to_vec(model.forward_cached(ids(&[&tokens[..3]], &device), &mut cache));
     for t in 3..8 {
-        cached.extend(to_vec(model.forward_cached(ids(&[&tokens[t..=t]], &device), &mut cache)));
+        cached.extend(to_vec(
+            model.forward_cached(ids(&[&tokens[t..=t]], &device), &mut cache),
+        ));
     }
     assert_eq!(cache.len(), 8);
     let diff = max_abs_diff(&full, &cached);
@@ -153,7 +176,10 @@ fn cached_logits_equal_full_forward() {
 fn attention_weights_are_causal_rows_that_reproduce_the_output() {
     let device = device();
     let (_, model) = tiny(&device);
-    let input = ids(&[&[1, 2, 3, 4, 5, 6, 7, 8], &[8, 7, 6, 5, 4, 3, 2, 1]], &device);
+    let input = ids(
+        &[&[1, 2, 3, 4, 5, 6, 7, 8], &[8, 7, 6, 5, 4, 3, 2, 1]],
+        &device,
+    );
     let (logits, weights) = model.forward_with_attention(input.clone());
     assert_eq!(to_vec(logits), to_vec(model.forward(input)));
     assert_eq!(weights.len(), 2);
@@ -165,12 +191,19 @@ fn attention_weights_are_causal_rows_that_reproduce_the_output() {
             let i = r % 8;
             let sum: f32 = row.iter().sum();
             assert!((sum - 1.0).abs() < 1e-5, "row sums to {sum}");
-            assert!(row[i + 1..].iter().all(|&x| x == 0.0), "row {i} sees the future");
+            assert!(
+                row[i + 1..].iter().all(|&x| x == 0.0),
+                "row {i} sees the future"
+            );
         }
     }
     // The weights of layer 0, applied to its values, give the layer's attention output.
-    let x0 = model.wte.forward(ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device))
-        + model.wpe.forward(ids(&[&[0, 1, 2, 3, 4, 5, 6, 7]], &device));
+    let x0 = model
+        .wte
+        .forward(ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device))
+        + model
+            .wpe
+            .forward(ids(&[&[0, 1, 2, 3, 4, 5, 6, 7]], &device));
     let block = &model.blocks[0];
     let xn = block.ln_1.forward(x0);
     let qkv = block.attn.c_attn.forward(xn.clone()); // (1, 8, 48)

@@ -91,10 +91,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         Ok(ids) => ids,
         Err(e) if args.drop_unknown => {
             eprintln!("dropping prompt characters the vocabulary lacks: {e}");
-            let kept = chars.iter().copied().filter(|&c| meta.vocab.id(c).is_some());
-            meta.vocab.encode(kept).expect("only known characters are left")
+            let kept = chars
+                .iter()
+                .copied()
+                .filter(|&c| meta.vocab.id(c).is_some());
+            meta.vocab
+                .encode(kept)
+                .expect("only known characters are left")
         }
-        Err(e) => bail!("the prompt does not fit the model: {e}. Remove them, or pass --drop-unknown"),
+        Err(e) => {
+            bail!("the prompt does not fit the model: {e}. Remove them, or pass --drop-unknown")
+        }
     };
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one character the model knows");
@@ -159,7 +166,11 @@ fn check_flags(a: &Args) -> anyhow::Result<()> {
         return bad("num-samples", "0".into(), "at least 1");
     }
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
-        return bad("temperature", a.temperature.to_string(), "0 (greedy) or more");
+        return bad(
+            "temperature",
+            a.temperature.to_string(),
+            "0 (greedy) or more",
+        );
     }
     if a.top_k == 0 {
         return bad("top-k", "0".into(), "at least 1");

@@ -5,15 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
-use clap::Parser;
+use burn::module::Module;
 use cinder::checkpoint;
 use cinder::cli::{Overrides, apply_on_resume, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::TrainingData;
 use cinder::device::{Backend, DeviceChoice};
+use cinder::metrics::{self, MetricsLog};
+use cinder::plot::LossPlot;
 use cinder::progress::{ConsoleObserver, Verbosity};
 use cinder::train::{LATEST, Outcome, Trainer};
-use burn::module::Module;
+use clap::Parser;
 
 const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
 const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
@@ -67,7 +69,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let backend = Backend::select(args.device)?;
-    say(format!("cinder {}: {}", env!("CARGO_PKG_VERSION"), backend.describe()));
+    say(format!(
+        "cinder {}: {}",
+        env!("CARGO_PKG_VERSION"),
+        backend.describe()
+    ));
 
     let mut trainer = match &args.resume {
         Some(from) => resume(&args, from, backend, &say)?,
@@ -92,28 +98,54 @@ fn run(args: Args) -> anyhow::Result<()> {
     .context("cannot install the Ctrl-C handler")?;
 
     let c = &trainer.config;
-    let mut observer = ConsoleObserver::new(verbosity, trainer.iter, c.max_iters, c.log_interval);
+    let out = trainer.out_dir.clone();
+    let console = ConsoleObserver::new(verbosity, trainer.iter, c.max_iters, c.log_interval);
+    let metrics = MetricsLog::open(&out, trainer.iter, c.log_interval)
+        .with_context(|| format!("cannot write {}", out.join(metrics::FILE).display()))?;
+    let plot = LossPlot {
+        metrics: metrics.path().to_path_buf(),
+        png: out.join("loss.png"),
+        title: format!(
+            "cinder {}: {} layers, {} heads, {} wide, context {}",
+            out.file_name()
+                .map_or("run".into(), |n| n.to_string_lossy()),
+            c.n_layer,
+            c.n_head,
+            c.n_embd,
+            c.block_size
+        ),
+    };
+    let mut observer = (console, (metrics, plot));
     let start_iter = trainer.iter;
     let outcome = trainer.run(&mut observer, &stop);
-    observer.finish();
+    let (console, (metrics, plot)) = observer;
+    console.finish();
     let outcome = outcome.context("training failed")?;
-    let latest = trainer.out_dir.join(LATEST);
     match outcome {
         Outcome::Interrupted { iter } => println!(
             "stopped at iteration {iter}; saved {}. Resume with: train --resume {}",
-            latest.display(),
-            trainer.out_dir.display()
+            out.join(LATEST).display(),
+            out.display()
         ),
         Outcome::Finished => {
-            let best = trainer
-                .best_val_loss
-                .map_or("-".into(), |v| format!("{v:.4}"));
+            let rows = metrics::read(metrics.path()).unwrap_or_default();
+            let best = rows
+                .iter()
+                .filter_map(|r| r.val_loss.map(|v| (v, r.iter)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map_or("-".into(), |(v, i)| format!("{v:.4} at iteration {i}"));
+            let iters = trainer.iter - start_iter;
             println!(
-                "done: {} iterations in {:.1} s ({} tokens), best val loss {best}; checkpoints in {}",
-                trainer.iter - start_iter,
-                observer.elapsed(),
-                (trainer.iter - start_iter) as usize * trainer.config.tokens_per_iter(),
-                trainer.out_dir.display()
+                "done: {iters} iterations in {:.1} s ({} tokens seen); best val loss {best}",
+                console.elapsed(),
+                iters as usize * trainer.config.tokens_per_iter(),
+            );
+            println!(
+                "checkpoints: {} and {}; metrics: {}; loss curve: {}",
+                out.join(cinder::train::BEST).display(),
+                out.join(LATEST).display(),
+                metrics.path().display(),
+                plot.png.display()
             );
         }
     }
@@ -123,7 +155,9 @@ fn run(args: Args) -> anyhow::Result<()> {
 /// A new run from the config file and flags.
 fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<Trainer> {
     let mut config = if args.config == Path::new(DEFAULT_CONFIG) && !args.config.exists() {
-        say(format!("{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"));
+        say(format!(
+            "{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"
+        ));
         TrainConfig::default()
     } else {
         TrainConfig::load(&args.config)?
@@ -139,17 +173,33 @@ fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<
         .clone()
         .unwrap_or_else(|| Path::new("checkpoints").join(name));
     let data_path = args.data.clone().unwrap_or_else(|| DEFAULT_DATA.into());
-    say(format!("configuration ({}):\n{}", args.config.display(), indent(&config.to_toml())));
+    say(format!(
+        "configuration ({}):\n{}",
+        args.config.display(),
+        indent(&config.to_toml())
+    ));
     let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?;
     report_data(&data, &data_path, say);
     check_writable(&out)?;
     std::fs::write(out.join("config.toml"), config.to_toml())
         .with_context(|| format!("cannot write {}", out.join("config.toml").display()))?;
-    Ok(Trainer::new(config, backend, data.tokenizer, data.splits, data_path, out)?)
+    Ok(Trainer::new(
+        config,
+        backend,
+        data.tokenizer,
+        data.splits,
+        data_path,
+        out,
+    )?)
 }
 
 /// A run continued from a checkpoint.
-fn resume(args: &Args, from: &Path, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<Trainer> {
+fn resume(
+    args: &Args,
+    from: &Path,
+    backend: Backend,
+    say: &dyn Fn(String),
+) -> anyhow::Result<Trainer> {
     let dir = checkpoint::resolve(from, &[LATEST, cinder::train::BEST])?;
     let meta = checkpoint::load_meta(&dir)?;
     let mut config = meta.config.clone();
@@ -189,10 +239,20 @@ fn resume(args: &Args, from: &Path, backend: Backend, say: &dyn Fn(String)) -> a
     // The run folder is the checkpoint's parent unless --out says otherwise.
     let out = match &args.out {
         Some(out) => out.clone(),
-        None => dir.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        None => dir
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
     };
     check_writable(&out)?;
-    Ok(Trainer::resume(&dir, &meta, config, backend, data.splits, data_path, out)?)
+    Ok(Trainer::resume(
+        &dir,
+        &meta,
+        config,
+        backend,
+        data.splits,
+        data_path,
+        out,
+    )?)
 }
 
 fn report_data(data: &TrainingData, path: &Path, say: &dyn Fn(String)) {
@@ -209,7 +269,12 @@ fn report_data(data: &TrainingData, path: &Path, say: &dyn Fn(String)) {
 
 /// Fails now, not after an hour of training, if the run folder can't be written.
 fn check_writable(out: &Path) -> anyhow::Result<()> {
-    let fail = || format!("cannot write to the run folder {}: choose another with --out", out.display());
+    let fail = || {
+        format!(
+            "cannot write to the run folder {}: choose another with --out",
+            out.display()
+        )
+    };
     std::fs::create_dir_all(out).with_context(fail)?;
     let probe = out.join(".cinder-write-test");
     std::fs::write(&probe, b"ok").with_context(fail)?;
@@ -218,5 +283,8 @@ fn check_writable(out: &Path) -> anyhow::Result<()> {
 }
 
 fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

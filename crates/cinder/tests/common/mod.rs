@@ -8,7 +8,11 @@ use cinder::config::TrainConfig;
 /// The first `n` characters of Tiny Shakespeare.
 pub fn shakespeare(n: usize) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tinyshakespeare.txt");
-    std::fs::read_to_string(path).unwrap().chars().take(n).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .chars()
+        .take(n)
+        .collect()
 }
 
 /// Writes a small corpus into `dir` and returns its path.
@@ -61,7 +65,10 @@ pub fn tiny_flags_with(changes: &[(&str, &str)]) -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|(f, v)| {
-        let v = changes.iter().find(|(g, _)| *g == f).map_or(v, |(_, w)| w.to_string());
+        let v = changes
+            .iter()
+            .find(|(g, _)| *g == f)
+            .map_or(v, |(_, w)| w.to_string());
         [f.to_string(), v]
     })
     .collect()

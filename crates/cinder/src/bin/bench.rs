@@ -1,0 +1,177 @@
+//! `bench`: times the training step and sampling, for side-by-side comparisons with PyTorch.
+//! Prints one JSON line, like `../shared/bench/torch_reference.py`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::prelude::*;
+use cinder::cli::{Overrides, exit_on_error};
+use cinder::config::TrainConfig;
+use cinder::data::TrainingData;
+use cinder::device::{Backend, DeviceChoice};
+use cinder::generate::{GenerateOptions, generate};
+use cinder::sampling::SamplingParams;
+use cinder::train::Trainer;
+use clap::{Parser, Subcommand};
+
+/// Time cinder's training step or its sampling; prints one JSON line.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Run configuration (TOML)
+    #[arg(long, default_value = "configs/tiny_cpu.toml")]
+    config: PathBuf,
+    /// Text to draw batches from
+    #[arg(long, default_value = "data/tinyshakespeare.txt")]
+    data: PathBuf,
+    /// Where to run
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceChoice,
+    #[command(subcommand)]
+    mode: Mode,
+    #[command(flatten)]
+    overrides: Overrides,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Median time of a training step (forward, backward, AdamW) after warm-up
+    Train {
+        /// Untimed steps first
+        #[arg(long, default_value_t = 5)]
+        warmup_steps: usize,
+        /// Timed steps
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+    },
+    /// Characters per second sampling from a freshly initialised model (temperature 0.8)
+    Sample {
+        /// Characters to generate
+        #[arg(long, default_value_t = 500)]
+        tokens: usize,
+        /// Re-run the whole context per character
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Peak matrix-multiply throughput of the backend (GFLOP/s), the reference for MFU
+    Peak,
+}
+
+fn main() {
+    exit_on_error(run(Args::parse()));
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = TrainConfig::load(&args.config)?;
+    args.overrides.apply(&mut config);
+    config.validate()?;
+    let backend = Backend::select(args.device)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out = serde_json::json!({
+        "impl": format!("cinder-{}", backend.name),
+        "threads": threads,
+        "n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd,
+        "block_size": config.block_size, "batch_size": config.batch_size,
+    });
+    match args.mode {
+        Mode::Train {
+            warmup_steps,
+            steps,
+        } => {
+            let data =
+                TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
+            let mut t = Trainer::new(
+                config.clone(),
+                backend.clone(),
+                data.tokenizer,
+                data.splits,
+                args.data.clone(),
+                std::env::temp_dir(),
+            )?;
+            let params = t.model.num_params();
+            for _ in 0..warmup_steps {
+                t.step();
+            }
+            let mut times: Vec<f64> = (0..steps).map(|_| t.step().seconds).collect();
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            let tokens = config.tokens_per_iter() as f64;
+            let flops = flops_per_iter(&config, params);
+            let peak = peak_gflops(&backend.device);
+            out["params"] = params.into();
+            out["ms_per_iter"] = round(median * 1e3, 3).into();
+            out["tokens_per_s"] = round(tokens / median, 1).into();
+            out["model_gflop_per_iter"] = round(flops / 1e9, 3).into();
+            out["achieved_gflops"] = round(flops / median / 1e9, 2).into();
+            out["peak_gflops"] = round(peak, 2).into();
+            out["mfu"] = round(flops / median / 1e9 / peak, 4).into();
+        }
+        Mode::Sample { tokens, no_cache } => {
+            let device = backend.device.clone();
+            device.seed(config.seed);
+            let model = config.model(65).init(&device)?;
+            let opts = GenerateOptions {
+                max_new_tokens: tokens,
+                num_samples: 1,
+                sampling: SamplingParams {
+                    temperature: 0.8,
+                    top_k: None,
+                    top_p: None,
+                },
+                seed: config.seed,
+                use_cache: !no_cache,
+            };
+            let start = Instant::now();
+            generate(&model, &[0], &opts, &device, |_, _| {});
+            let secs = start.elapsed().as_secs_f64();
+            out["tokens"] = tokens.into();
+            out["cache"] = (!no_cache).into();
+            out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
+        }
+        Mode::Peak => {
+            out["peak_gflops"] = round(peak_gflops(&backend.device), 2).into();
+        }
+    }
+    out["peak_rss_mb"] = peak_rss_mb().map(|m| round(m, 1)).into();
+    println!("{out}");
+    Ok(())
+}
+
+/// Model FLOPs of one training step (forward and backward), as nanoGPT's `estimate_mfu` counts
+/// them: 6 per parameter per token, plus attention's 12 * n_layer * n_embd * block_size.
+fn flops_per_iter(c: &TrainConfig, params: usize) -> f64 {
+    let per_token = 6.0 * params as f64 + 12.0 * (c.n_layer * c.n_embd * c.block_size) as f64;
+    per_token * c.tokens_per_iter() as f64
+}
+
+/// Best GFLOP/s of a 1024 x 1024 x 1024 matrix multiply on `device`, over a few runs.
+fn peak_gflops(device: &Device) -> f64 {
+    let n = 1024;
+    let a = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
+    let b = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let start = Instant::now();
+        let _ = a
+            .clone()
+            .matmul(b.clone())
+            .slice([0..1, 0..1])
+            .into_scalar::<f32>();
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e9
+}
+
+/// The process's peak resident memory, from /proc (Linux).
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}

@@ -1,0 +1,142 @@
+//! `evaluate`: loss, perplexity and bits per character of a checkpoint on a text.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use cinder::checkpoint;
+use cinder::cli::exit_on_error;
+use cinder::data::TrainingData;
+use cinder::device::{Backend, DeviceChoice};
+use cinder::eval::text_loss;
+use cinder::train::{BEST, LATEST};
+use cinder_data::{Corpus, Split};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Measure a checkpoint on a text: loss, perplexity and bits per character.
+///
+/// The text is cut into consecutive windows of the model's context length; every character of a
+/// window is predicted from the ones before it in the window.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Args {
+    /// A run folder (its best/ checkpoint, else latest/) or a checkpoint folder
+    #[arg(long, default_value = "checkpoints/tiny_cpu")]
+    checkpoint: PathBuf,
+    /// Text to measure on (UTF-8) [default: the run's own split, see --split]
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Without --data: which part of the run's training text to measure on
+    #[arg(long, value_enum, default_value_t = SplitArg::Val, conflicts_with = "data")]
+    split: SplitArg,
+    /// Windows per batch
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Print only the numbers line
+    #[arg(long, short)]
+    quiet: bool,
+    /// Where to run
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceChoice,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SplitArg {
+    Train,
+    Val,
+}
+
+fn main() {
+    exit_on_error(run(Args::parse()));
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    if args.batch_size == 0 {
+        bail!("--batch-size is 0, but it must be at least 1");
+    }
+    let dir = checkpoint::resolve(&args.checkpoint, &[BEST, LATEST])?;
+    let meta = checkpoint::load_meta(&dir)?;
+    let backend = Backend::select(args.device)?;
+    let model = checkpoint::load_model(&dir, &meta, &backend.device)?;
+    let block = meta.config.block_size;
+    let (ids, what) = match &args.data {
+        Some(path) => {
+            let corpus = Corpus::open(path)?;
+            let ids = meta
+                .vocab
+                .encode(corpus.chars())
+                .map_err(|e| anyhow::anyhow!("{} does not fit the model: {e}", path.display()))?;
+            (ids, path.display().to_string())
+        }
+        None => {
+            let data = TrainingData::load(
+                &meta.data_path,
+                Some(meta.vocab.clone()),
+                meta.config.train_fraction,
+                block,
+            )
+            .with_context(|| "cannot load the run's training text: pass a text with --data")?;
+            let split = match args.split {
+                SplitArg::Train => Split::Train,
+                SplitArg::Val => Split::Val,
+            };
+            let ids = data.splits.get(split).to_vec();
+            (
+                ids,
+                format!("the {} split of {}", split.name(), meta.data_path.display()),
+            )
+        }
+    };
+    if ids.len() < block + 1 {
+        bail!(
+            "{what} has {} characters, but one window needs block_size + 1 = {}: give a longer text",
+            ids.len(),
+            block + 1
+        );
+    }
+    if !args.quiet {
+        eprintln!(
+            "cinder {}: {}; checkpoint {} (iteration {})",
+            env!("CARGO_PKG_VERSION"),
+            backend.describe(),
+            dir.display(),
+            meta.iter
+        );
+    }
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} windows [{elapsed_precise} < {eta_precise}]",
+            )
+            .expect("valid template"),
+        );
+        bar
+    });
+    let result = text_loss(
+        &model,
+        &ids,
+        args.batch_size,
+        &backend.device,
+        |done, total| {
+            if let Some(bar) = &bar {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            }
+        },
+    );
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if !args.quiet {
+        println!("{what}: {} characters predicted", result.predicted);
+    }
+    println!(
+        "loss {:.4} nats/char, perplexity {:.3}, {:.4} bits/char",
+        result.loss,
+        result.perplexity(),
+        result.bits_per_char()
+    );
+    Ok(())
+}

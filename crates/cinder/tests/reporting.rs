@@ -1,0 +1,155 @@
+//! What a run leaves for people to look at: the metrics file, the loss curve, `evaluate`.
+
+mod common;
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use cinder::metrics;
+use common::{corpus_in, tiny_flags_with};
+
+fn train(dir: &Path, flags: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::cargo_bin("train").unwrap();
+    cmd.current_dir(dir)
+        .arg("--data")
+        .arg(corpus_in(dir))
+        .args(tiny_flags_with(flags));
+    cmd.arg("--out").arg(dir.join("run"));
+    cmd
+}
+
+#[test]
+fn metrics_file_is_well_formed_and_continues_across_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(
+        dir.path(),
+        &[
+            ("--max-iters", "12"),
+            ("--log-interval", "2"),
+            ("--eval-interval", "5"),
+        ],
+    )
+    .assert()
+    .success();
+    let text = std::fs::read_to_string(run.join(metrics::FILE)).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("iter,train_loss,val_loss,eval_train_loss,lr,tokens_per_s,elapsed_s")
+    );
+    assert!(lines.all(|l| l.split(',').count() == 7), "{text}");
+    let rows = metrics::read(&run.join(metrics::FILE)).unwrap();
+    let iters: Vec<u64> = rows.iter().map(|r| r.iter).collect();
+    assert_eq!(iters, [2, 4, 5, 6, 8, 10, 12]);
+    let evaluated: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.val_loss.is_some())
+        .map(|r| r.iter)
+        .collect();
+    assert_eq!(evaluated, [5, 10, 12]);
+
+    // A crash after the last checkpoint (iteration 10... here: rows logged past it) is simulated by
+    // resuming from best/ at iteration 12 after adding a stray row: resume drops rows beyond it.
+    std::fs::write(
+        run.join(metrics::FILE),
+        format!("{text}14,1.0,,,1e-4,1.0,99.0\n"),
+    )
+    .unwrap();
+    Command::cargo_bin("train")
+        .unwrap()
+        .current_dir(dir.path())
+        .arg("--resume")
+        .arg(&run)
+        .args(["--max-iters", "16"])
+        .assert()
+        .success();
+    let rows = metrics::read(&run.join(metrics::FILE)).unwrap();
+    let iters: Vec<u64> = rows.iter().map(|r| r.iter).collect();
+    assert_eq!(
+        iters,
+        [2, 4, 5, 6, 8, 10, 12, 14, 15, 16],
+        "appended, no iteration twice"
+    );
+    assert!(
+        rows.windows(2).all(|w| w[1].elapsed_s >= w[0].elapsed_s),
+        "wall time continues"
+    );
+}
+
+#[test]
+fn loss_png_is_a_real_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        dir.path(),
+        &[("--max-iters", "10"), ("--eval-interval", "5")],
+    )
+    .assert()
+    .success();
+    let png = std::fs::read(dir.path().join("run/loss.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(png.len() > 10_000, "{} bytes", png.len());
+    // Width and height from the IHDR chunk.
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert_eq!((width, height), (900, 560));
+}
+
+#[test]
+fn evaluate_prefers_the_text_a_model_overfit() {
+    let dir = tempfile::tempdir().unwrap();
+    // A small text, learnt by heart.
+    let known = "the quick brown fox jumps over the lazy dog. ".repeat(60);
+    std::fs::write(dir.path().join("known.txt"), &known).unwrap();
+    // The same characters in another order.
+    let other: String = known
+        .split(' ')
+        .rev()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .rev()
+        .collect();
+    std::fs::write(dir.path().join("other.txt"), &other).unwrap();
+    Command::cargo_bin("train")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["--data", "known.txt", "--out", "run"])
+        .args(tiny_flags_with(&[
+            ("--max-iters", "150"),
+            ("--lr-decay-iters", "150"),
+            ("--eval-interval", "150"),
+            ("--log-interval", "50"),
+        ]))
+        .args(["--learning-rate", "3e-3"])
+        .assert()
+        .success();
+    let measure = |args: &[&str]| -> (f64, f64, f64) {
+        let out = Command::cargo_bin("evaluate")
+            .unwrap()
+            .current_dir(dir.path())
+            .args(["--checkpoint", "run", "--quiet"])
+            .args(args)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        // "loss 0.1234 nats/char, perplexity 1.131, 0.1780 bits/char"
+        let out = String::from_utf8(out).unwrap();
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let num = |i: usize| -> f64 { words[i].trim_end_matches(',').parse().unwrap() };
+        (num(1), num(4), num(5))
+    };
+    let (train_loss, perplexity, bits) = measure(&["--split", "train"]);
+    let (other_loss, _, _) = measure(&["--data", "other.txt"]);
+    assert!(
+        train_loss < 0.5 * other_loss,
+        "train {train_loss}, other {other_loss}"
+    );
+    assert!(
+        (bits - train_loss / std::f64::consts::LN_2).abs() < 1e-3,
+        "{bits} vs {train_loss}"
+    );
+    assert!((perplexity - train_loss.exp()).abs() < 1e-2 * perplexity);
+}
