@@ -11,6 +11,7 @@ pub mod data;
 pub mod device;
 pub mod eval;
 pub mod generate;
+pub mod inspect;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

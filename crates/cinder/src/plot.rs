@@ -19,16 +19,27 @@ pub struct PlotError {
     message: String,
 }
 
-/// Draws the loss curves of `rows` to the PNG `path` (written beside it, then renamed).
-pub fn draw(rows: &[Row], title: &str, path: &Path) -> Result<(), PlotError> {
+impl PlotError {
+    pub(crate) fn new(path: &Path, message: &dyn std::fmt::Display) -> Self {
+        Self {
+            path: path.display().to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Makes the bundled font the "sans-serif" of every drawing (once per process).
+pub(crate) fn register_font() {
     static REGISTER: Once = Once::new();
     REGISTER.call_once(|| {
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     });
-    let err = |e: &dyn std::fmt::Display| PlotError {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    };
+}
+
+/// Draws the loss curves of `rows` to the PNG `path` (written beside it, then renamed).
+pub fn draw(rows: &[Row], title: &str, path: &Path) -> Result<(), PlotError> {
+    register_font();
+    let err = |e: &dyn std::fmt::Display| PlotError::new(path, e);
     let tmp = path.with_extension("png.tmp.png");
     {
         let root = BitMapBackend::new(&tmp, (900, 560)).into_drawing_area();
