@@ -20,3 +20,9 @@ pub mod progress;
 pub mod sampling;
 pub mod schedule;
 pub mod train;
+
+/// Burn allocates and frees a buffer for every tensor operation. glibc's allocator hands large
+/// freed buffers back to the kernel and takes page faults to get them again; mimalloc keeps them
+/// for reuse. Measured in BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

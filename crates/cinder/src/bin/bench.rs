@@ -54,6 +54,12 @@ enum Mode {
         #[arg(long)]
         no_cache: bool,
     },
+    /// Median time of each phase of the training step: batch, forward, backward, clip, AdamW
+    Breakdown {
+        /// Timed steps
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+    },
     /// Peak matrix-multiply throughput of the backend (GFLOP/s), the reference for MFU
     Peak,
 }
@@ -129,6 +135,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             out["cache"] = (!no_cache).into();
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
+        Mode::Breakdown { steps } => {
+            let data = TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
+            let t = Trainer::new(config.clone(), backend.clone(), data.tokenizer, data.splits, args.data.clone(), std::env::temp_dir())?;
+            let phases = breakdown(t, steps);
+            for (name, ms) in phases {
+                out[format!("{name}_ms")] = round(ms, 3).into();
+            }
+        }
         Mode::Peak => {
             out["peak_gflops"] = round(peak_gflops(&backend.device), 2).into();
         }
@@ -136,6 +150,50 @@ fn run(args: Args) -> anyhow::Result<()> {
     out["peak_rss_mb"] = peak_rss_mb().map(|m| round(m, 1)).into();
     println!("{out}");
     Ok(())
+}
+
+/// Median milliseconds of each phase of the training step, in order.
+fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
+    use burn::optim::GradientsParams;
+    use cinder::data::batch_tensors;
+    use cinder::loss::cross_entropy;
+    use cinder_data::{Batcher, Split};
+    let c = t.config.clone();
+    let device = t.backend.device.clone().autodiff();
+    let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 6];
+    for it in 0..steps as u64 + 3 {
+        let mut lap = Instant::now();
+        let mut mark = |i: usize, times: &mut Vec<Vec<f64>>| {
+            if it >= 3 {
+                times[i].push(lap.elapsed().as_secs_f64() * 1e3);
+            }
+            lap = Instant::now();
+        };
+        let batch = batcher.batch(t.splits.get(Split::Train), Split::Train, 0, it);
+        let (x, y) = batch_tensors(&batch, &device);
+        mark(0, &mut times);
+        let logits = t.model.forward(x);
+        mark(1, &mut times);
+        let loss = cross_entropy(logits, y);
+        let _ = loss.clone().into_scalar::<f32>();
+        mark(2, &mut times);
+        let mut grads = GradientsParams::from_grads(loss.backward(), &t.model);
+        mark(3, &mut times);
+        cinder::optim::clip_global_norm(&t.model, &mut grads, c.grad_clip);
+        mark(4, &mut times);
+        t.model = t.optim.step(1e-3, t.model.clone(), grads);
+        mark(5, &mut times);
+    }
+    let names = ["batch", "forward", "loss", "backward", "clip", "adamw"];
+    names
+        .iter()
+        .zip(times)
+        .map(|(n, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (*n, v[v.len() / 2])
+        })
+        .collect()
 }
 
 /// Model FLOPs of one training step (forward and backward), as nanoGPT's `estimate_mfu` counts
