@@ -39,8 +39,10 @@ impl TrainingData {
     ) -> Result<Self, DataError> {
         let corpus = Corpus::open(path)?;
         let tokenizer = vocab.unwrap_or_else(|| CharTokenizer::from_chars(corpus.chars()));
-        let ids = tokenizer
-            .encode(corpus.chars())
+        // One copy of the ids, sized exactly: counting is cheaper than a vector's regrowth.
+        let mut ids = Vec::with_capacity(corpus.chars().count());
+        tokenizer
+            .encode_into(corpus.chars(), &mut ids)
             .map_err(|source| DataError::Vocabulary {
                 source,
                 path: path.display().to_string(),

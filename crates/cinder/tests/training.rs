@@ -11,7 +11,6 @@ use burn::prelude::*;
 use cinder::checkpoint::{self, CheckpointError};
 use cinder::config::TrainConfig;
 use cinder::data::{TrainingData, batch_tensors};
-use cinder::device::Backend;
 use cinder::loss::cross_entropy;
 use cinder::optim::adamw;
 use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
@@ -40,7 +39,7 @@ fn trainer(config: TrainConfig, dir: &Path, out: &str) -> Trainer {
         TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
     Trainer::new(
         config,
-        Backend::cpu().unwrap(),
+        common::backend(),
         data.tokenizer,
         data.splits,
         data_path,
@@ -69,7 +68,7 @@ fn resumed(
         from,
         &meta,
         config,
-        Backend::cpu().unwrap(),
+        common::backend(),
         data.splits,
         meta.data_path.clone(),
         dir.join(out),
@@ -213,7 +212,7 @@ fn saved_checkpoint(dir: &Path) -> std::path::PathBuf {
 }
 
 fn load_error(ckpt: &Path) -> CheckpointError {
-    let device = Device::flex().autodiff();
+    let device = common::backend().device.autodiff();
     match checkpoint::load_meta(ckpt) {
         Err(e) => e,
         Ok(meta) => {

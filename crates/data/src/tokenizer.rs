@@ -92,6 +92,17 @@ impl CharTokenizer {
         chars: impl IntoIterator<Item = char>,
     ) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
+        self.encode_into(chars, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// [`encode`](Self::encode), appending to `ids`: with their capacity reserved beforehand, a
+    /// text of gigabytes is encoded without the transient second copy a growing vector makes.
+    pub fn encode_into(
+        &self,
+        chars: impl IntoIterator<Item = char>,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
         let mut unknown = Vec::new();
         for c in chars {
             match self.id(c) {
@@ -101,7 +112,7 @@ impl CharTokenizer {
             }
         }
         if unknown.is_empty() {
-            Ok(ids)
+            Ok(())
         } else {
             Err(TokenizerError(unknown))
         }
@@ -149,6 +160,17 @@ mod tests {
         let ids = t.encode(text.chars()).unwrap();
         assert_eq!(ids.len(), text.chars().count());
         assert_eq!(t.decode(&ids), text);
+    }
+
+    #[test]
+    fn encoding_into_a_sized_vector_never_regrows_it() {
+        let text = "abcab".repeat(1000);
+        let t = CharTokenizer::from_chars(text.chars());
+        let mut ids = Vec::with_capacity(text.chars().count());
+        let before = ids.as_ptr();
+        t.encode_into(text.chars(), &mut ids).unwrap();
+        assert_eq!((ids.len(), ids.capacity()), (5000, 5000));
+        assert_eq!(ids.as_ptr(), before, "no reallocation: one copy of the ids");
     }
 
     #[test]

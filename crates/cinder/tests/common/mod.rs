@@ -4,6 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use cinder::config::TrainConfig;
+use cinder::device::Backend;
+
+/// The CPU backend, or the GPU in a build without one.
+pub fn backend() -> Backend {
+    Backend::cpu().or_else(|_| Backend::gpu()).unwrap()
+}
 
 /// The first `n` characters of Tiny Shakespeare.
 pub fn shakespeare(n: usize) -> String {
