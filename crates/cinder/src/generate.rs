@@ -21,11 +21,6 @@ pub struct GenerateOptions {
 
 /// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
 /// `on_token(sample, token)` as each token is chosen. Returns the new tokens of every sample.
-///
-/// The context is the last `block_size` tokens. With the cache, each token costs one position's
-/// work while the text fits in `block_size`; past that, the learned positions of every token in
-/// the window shift at each step, so the window is run whole (and the cache refilled) per token,
-/// which gives exactly the logits of the uncached path.
 pub fn generate(
     model: &Gpt,
     prompt: &[u32],
@@ -37,31 +32,13 @@ pub fn generate(
         !prompt.is_empty(),
         "the prompt must hold at least one token"
     );
-    let block = model.block_size();
     let n = opts.num_samples;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut texts: Vec<Vec<u32>> = vec![prompt.to_vec(); n];
-    let mut cache = KvCache::new(model.n_layer());
+    let mut decoder = Decoder::new(model, opts.use_cache, device);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
-        let len = texts[0].len();
-        let logits = if opts.use_cache {
-            if len > block {
-                cache = KvCache::new(model.n_layer()); // the window slid: run it whole
-            }
-            let start = if len > block {
-                len - block
-            } else {
-                cache.len()
-            };
-            let new = ids_tensor(&window(&texts, start, len), [n, len - start], device);
-            model.forward_cached(new, &mut cache) // (n, len - start, V)
-        } else {
-            let start = len.saturating_sub(block);
-            let ctx = ids_tensor(&window(&texts, start, len), [n, len - start], device);
-            model.forward(ctx) // (n, len - start, V)
-        };
-        let last = last_position(logits); // (n, V) on the host
+        let last = decoder.next_logits(&texts); // (n, V) on the host
         let v = last.len() / n;
         for (s, text) in texts.iter_mut().enumerate() {
             let token = opts.sampling.pick(&last[s * v..(s + 1) * v], &mut rng);
@@ -71,6 +48,55 @@ pub fn generate(
         }
     }
     out
+}
+
+/// Produces the next-token logits of growing texts, with or without the key/value cache.
+///
+/// The context is the last `block_size` tokens. With the cache, each token costs one position's
+/// work while the text fits in `block_size`; past that, the learned positions of every token in
+/// the window shift at each step, so the window is run whole (and the cache refilled) per token,
+/// which gives exactly the logits of the uncached path.
+pub struct Decoder<'a> {
+    model: &'a Gpt,
+    cache: Option<KvCache>,
+    device: Device,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(model: &'a Gpt, use_cache: bool, device: &Device) -> Self {
+        Self {
+            model,
+            cache: use_cache.then(|| KvCache::new(model.n_layer())),
+            device: device.clone(),
+        }
+    }
+
+    /// Logits `[B * V]` (row after row) for the token after each text. The texts are the same
+    /// length and only ever grow by one token per call.
+    pub fn next_logits(&mut self, texts: &[Vec<u32>]) -> Vec<f32> {
+        let (n, len) = (texts.len(), texts[0].len());
+        let block = self.model.block_size();
+        let logits = match &mut self.cache {
+            Some(cache) => {
+                if len > block {
+                    *cache = KvCache::new(self.model.n_layer()); // the window slid: run it whole
+                }
+                let start = if len > block {
+                    len - block
+                } else {
+                    cache.len()
+                };
+                let new = ids_tensor(&window(texts, start, len), [n, len - start], &self.device);
+                self.model.forward_cached(new, cache) // (n, len - start, V)
+            }
+            None => {
+                let start = len.saturating_sub(block);
+                let ctx = ids_tensor(&window(texts, start, len), [n, len - start], &self.device);
+                self.model.forward(ctx) // (n, len - start, V)
+            }
+        };
+        last_position(logits)
+    }
 }
 
 /// Tokens `from..to` of every sample, row after row.

@@ -136,8 +136,16 @@ fn run(args: Args) -> anyhow::Result<()> {
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {
-            let data = TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
-            let t = Trainer::new(config.clone(), backend.clone(), data.tokenizer, data.splits, args.data.clone(), std::env::temp_dir())?;
+            let data =
+                TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
+            let t = Trainer::new(
+                config.clone(),
+                backend.clone(),
+                data.tokenizer,
+                data.splits,
+                args.data.clone(),
+                std::env::temp_dir(),
+            )?;
             let phases = breakdown(t, steps);
             for (name, ms) in phases {
                 out[format!("{name}_ms")] = round(ms, 3).into();

@@ -1,0 +1,72 @@
+//! Sampling with the key/value cache against the full forward pass.
+
+mod common;
+
+use cinder::generate::{Decoder, GenerateOptions, generate};
+use cinder::sampling::SamplingParams;
+use cinder_model::GptConfig;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[test]
+fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
+    let device = common::backend().device;
+    device.seed(3);
+    let model = GptConfig::new(13, 8)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(16)
+        .init(&device)
+        .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    // Two samples with different random prompts of 3 tokens, grown to 3 x block_size.
+    let mut texts: Vec<Vec<u32>> = (0..2)
+        .map(|_| (0..3).map(|_| rng.random_range(0..13)).collect())
+        .collect();
+    let mut cached = Decoder::new(&model, true, &device);
+    let mut full = Decoder::new(&model, false, &device);
+    for step in 0..21 {
+        let a = cached.next_logits(&texts);
+        let b = full.next_logits(&texts);
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            diff < 1e-4,
+            "step {step} (length {}): max difference {diff}",
+            texts[0].len()
+        );
+        for t in &mut texts {
+            t.push(rng.random_range(0..13));
+        }
+    }
+}
+
+#[test]
+fn greedy_text_is_the_same_with_and_without_the_cache() {
+    let device = common::backend().device;
+    device.seed(4);
+    let model = GptConfig::new(11, 8)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(16)
+        .init(&device)
+        .unwrap();
+    let opts = |use_cache| GenerateOptions {
+        max_new_tokens: 30,
+        num_samples: 2,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        },
+        seed: 0,
+        use_cache,
+    };
+    let a = generate(&model, &[1, 2], &opts(true), &device, |_, _| {});
+    let b = generate(&model, &[1, 2], &opts(false), &device, |_, _| {});
+    assert_eq!(a, b);
+    assert_eq!(a[0].len(), 30);
+}
