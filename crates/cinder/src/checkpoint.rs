@@ -38,7 +38,10 @@ const OPTIMIZER: &str = "optimizer.bpk";
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("cannot write checkpoint {}: {source}", path.display())]
+    #[error(
+        "cannot write checkpoint {}: {source}; the previous checkpoint there, if any, is intact",
+        path.display()
+    )]
     Write {
         path: PathBuf,
         source: std::io::Error,

@@ -163,11 +163,21 @@ mod tests {
     }
 }
 
-/// Runs a binary's `main`, printing an error as `error: <message: cause: ...>` with exit status 1
-/// (no backtrace: a user's mistake is not a crash).
+/// Runs a binary's `main`, printing an error as `error: <message>: <cause>...` with exit status 1
+/// (no backtrace: a user's mistake is not a crash). A cause already quoted by the message before
+/// it is not repeated.
 pub fn exit_on_error(result: anyhow::Result<()>) {
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        let mut line = String::new();
+        for cause in e.chain().map(|c| c.to_string()) {
+            if !line.contains(&cause) {
+                if !line.is_empty() {
+                    line.push_str(": ");
+                }
+                line.push_str(&cause);
+            }
+        }
+        eprintln!("error: {line}");
         std::process::exit(1);
     }
 }

@@ -65,7 +65,9 @@ impl Backend {
             device: Device::flex(),
             name: "flex",
         });
+        // Deprecated in Burn 0.22 in favour of flex, and kept as the alternative CPU backend.
         #[cfg(feature = "ndarray")]
+        #[allow(deprecated)]
         return Ok(Self {
             device: Device::ndarray(),
             name: "ndarray",

@@ -318,3 +318,17 @@ fn leftovers_of_a_crashed_write_break_neither_load_nor_save() {
     assert_eq!(checkpoint::load_meta(&ckpt).unwrap().iter, 2);
     assert!(!run.join(".latest.tmp").exists() && !run.join(".latest.old").exists());
 }
+
+#[test]
+fn a_failed_write_is_reported_and_keeps_the_last_good_checkpoint() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = saved_checkpoint(dir.path()); // latest/ at iteration 1
+    let mut t = resumed(|_| {}, dir.path(), &ckpt, "run");
+    t.step();
+    // Something that can't be replaced stands where the next checkpoint is written.
+    std::fs::write(dir.path().join("run/.latest.tmp"), b"in the way").unwrap();
+    let err = t.run(&mut (), &AtomicBool::new(true)).unwrap_err().to_string();
+    assert!(err.contains("cannot write checkpoint") && err.contains("latest"), "{err}");
+    assert_eq!(checkpoint::load_meta(&ckpt).unwrap().iter, 1, "the last good checkpoint is intact");
+}

@@ -1,0 +1,84 @@
+//! The GPU backend (wgpu) agrees with the CPU backend. Built only with `--features wgpu`; in CI it
+//! runs on Mesa's software Vulkan driver (lavapipe) with `CUBECL_WGPU_DEFAULT_DEVICE=Cpu`.
+#![cfg(all(feature = "wgpu", any(feature = "flex", feature = "ndarray")))]
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use burn::prelude::*;
+use cinder::checkpoint;
+use cinder::config::TrainConfig;
+use cinder::data::{TrainingData, ids_tensor};
+use cinder::device::Backend;
+use cinder::generate::{GenerateOptions, generate};
+use cinder::sampling::SamplingParams;
+use cinder::train::{LATEST, Trainer};
+use common::{corpus_in, tiny_config};
+
+fn gpu() -> Backend {
+    Backend::gpu().expect("wgpu needs a Vulkan driver: apt-get install mesa-vulkan-drivers libvulkan1")
+}
+
+/// A trainer on `backend` resumed from the checkpoint `from`, or a new one written to `out`.
+fn trainer(backend: Backend, dir: &Path, from: Option<&Path>, out: &str) -> Trainer {
+    let config = TrainConfig { dropout: 0.0, ..tiny_config() };
+    let data_path = corpus_in(dir);
+    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    match from {
+        None => Trainer::new(config, backend, data.tokenizer, data.splits, data_path, dir.join(out)).unwrap(),
+        Some(ckpt) => {
+            let meta = checkpoint::load_meta(ckpt).unwrap();
+            Trainer::resume(ckpt, &meta, config, backend, data.splits, data_path, dir.join(out)).unwrap()
+        }
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cpu, gpu) = (common::backend(), gpu());
+    // Identical weights on both: written by the CPU, loaded by the GPU.
+    let mut on_cpu = trainer(cpu.clone(), dir.path(), None, "cpu");
+    on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
+    let ckpt = dir.path().join("cpu").join(LATEST);
+    let mut on_gpu = trainer(gpu.clone(), dir.path(), Some(&ckpt), "gpu");
+
+    // Forward pass.
+    let ids: Vec<u32> = (0..32).map(|i| (i * 7 % 30) as u32).collect();
+    let logits = |t: &Trainer, b: &Backend| -> Vec<f32> {
+        let model = t.model.valid();
+        let x = ids_tensor(&ids, [2, 16], &b.device);
+        model.forward(x).into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    };
+    let diff = max_diff(&logits(&on_cpu, &cpu), &logits(&on_gpu, &gpu));
+    assert!(diff < 1e-4, "logits differ by {diff}");
+
+    // A few training steps from identical weights and batches.
+    for _ in 0..4 {
+        let (a, b) = (on_cpu.step(), on_gpu.step());
+        assert!((a.loss - b.loss).abs() < 1e-3, "iteration {}: cpu {} gpu {}", a.iter, a.loss, b.loss);
+    }
+
+    // A checkpoint written on the GPU loads and samples on the CPU, and the other way round.
+    on_gpu.run(&mut (), &AtomicBool::new(true)).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 20,
+        num_samples: 1,
+        sampling: SamplingParams { temperature: 0.0, top_k: None, top_p: None },
+        seed: 1,
+        use_cache: true,
+    };
+    for (written, reader) in [("gpu", &cpu), ("cpu", &gpu)] {
+        let ckpt = dir.path().join(written).join(LATEST);
+        let meta = checkpoint::load_meta(&ckpt).unwrap();
+        let model = checkpoint::load_model(&ckpt, &meta, &reader.device).unwrap();
+        let text = generate(&model, &[1], &opts, &reader.device, |_, _| {});
+        assert_eq!(text[0].len(), 20);
+    }
+}
