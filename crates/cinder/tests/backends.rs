@@ -18,25 +18,50 @@ use cinder::train::{LATEST, Trainer};
 use common::{corpus_in, tiny_config};
 
 fn gpu() -> Backend {
-    Backend::gpu().expect("wgpu needs a Vulkan driver: apt-get install mesa-vulkan-drivers libvulkan1")
+    Backend::gpu()
+        .expect("wgpu needs a Vulkan driver: apt-get install mesa-vulkan-drivers libvulkan1")
 }
 
 /// A trainer on `backend` resumed from the checkpoint `from`, or a new one written to `out`.
 fn trainer(backend: Backend, dir: &Path, from: Option<&Path>, out: &str) -> Trainer {
-    let config = TrainConfig { dropout: 0.0, ..tiny_config() };
+    let config = TrainConfig {
+        dropout: 0.0,
+        ..tiny_config()
+    };
     let data_path = corpus_in(dir);
-    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    let data =
+        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
     match from {
-        None => Trainer::new(config, backend, data.tokenizer, data.splits, data_path, dir.join(out)).unwrap(),
+        None => Trainer::new(
+            config,
+            backend,
+            data.tokenizer,
+            data.splits,
+            data_path,
+            dir.join(out),
+        )
+        .unwrap(),
         Some(ckpt) => {
             let meta = checkpoint::load_meta(ckpt).unwrap();
-            Trainer::resume(ckpt, &meta, config, backend, data.splits, data_path, dir.join(out)).unwrap()
+            Trainer::resume(
+                ckpt,
+                &meta,
+                config,
+                backend,
+                data.splits,
+                data_path,
+                dir.join(out),
+            )
+            .unwrap()
         }
     }
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -54,7 +79,12 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     let logits = |t: &Trainer, b: &Backend| -> Vec<f32> {
         let model = t.model.valid();
         let x = ids_tensor(&ids, [2, 16], &b.device);
-        model.forward(x).into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+        model
+            .forward(x)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap()
     };
     let diff = max_diff(&logits(&on_cpu, &cpu), &logits(&on_gpu, &gpu));
     assert!(diff < 1e-4, "logits differ by {diff}");
@@ -62,7 +92,13 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     // A few training steps from identical weights and batches.
     for _ in 0..4 {
         let (a, b) = (on_cpu.step(), on_gpu.step());
-        assert!((a.loss - b.loss).abs() < 1e-3, "iteration {}: cpu {} gpu {}", a.iter, a.loss, b.loss);
+        assert!(
+            (a.loss - b.loss).abs() < 1e-3,
+            "iteration {}: cpu {} gpu {}",
+            a.iter,
+            a.loss,
+            b.loss
+        );
     }
 
     // A checkpoint written on the GPU loads and samples on the CPU, and the other way round.
@@ -70,7 +106,11 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     let opts = GenerateOptions {
         max_new_tokens: 20,
         num_samples: 1,
-        sampling: SamplingParams { temperature: 0.0, top_k: None, top_p: None },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        },
         seed: 1,
         use_cache: true,
     };

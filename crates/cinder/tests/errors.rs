@@ -403,3 +403,30 @@ fn help_lists_every_flag_with_its_default_and_version_works() {
             .stdout(contains("0.1.0"));
     }
 }
+
+#[test]
+fn resume_refuses_a_text_with_another_vocabulary_and_a_contradicting_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let other = write(dir.path(), "other.txt", "0123456789 ".repeat(500));
+    fails_with(
+        train(dir.path())
+            .arg("--resume")
+            .arg(&run)
+            .arg("--data")
+            .arg(&other)
+            .args(["--max-iters", "4"]),
+        &["other.txt", "different vocabulary"],
+    );
+    fails_with(
+        train(dir.path())
+            .arg("--resume")
+            .arg(&run)
+            .args(["--max-iters", "4", "--n-layer", "3"]),
+        &["--n-layer 3 contradicts the checkpoint", "n_layer = 2"],
+    );
+    fails_with(
+        train(dir.path()).arg("--resume").arg(&run),
+        &["already at iteration 2", "--max-iters"],
+    );
+}

@@ -328,7 +328,17 @@ fn a_failed_write_is_reported_and_keeps_the_last_good_checkpoint() {
     t.step();
     // Something that can't be replaced stands where the next checkpoint is written.
     std::fs::write(dir.path().join("run/.latest.tmp"), b"in the way").unwrap();
-    let err = t.run(&mut (), &AtomicBool::new(true)).unwrap_err().to_string();
-    assert!(err.contains("cannot write checkpoint") && err.contains("latest"), "{err}");
-    assert_eq!(checkpoint::load_meta(&ckpt).unwrap().iter, 1, "the last good checkpoint is intact");
+    let err = t
+        .run(&mut (), &AtomicBool::new(true))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot write checkpoint") && err.contains("latest"),
+        "{err}"
+    );
+    assert_eq!(
+        checkpoint::load_meta(&ckpt).unwrap().iter,
+        1,
+        "the last good checkpoint is intact"
+    );
 }
