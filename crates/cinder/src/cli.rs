@@ -114,6 +114,25 @@ pub fn apply_on_resume(
         .collect())
 }
 
+/// Runs a binary's `main`, printing an error as `error: <message>: <cause>...` with exit status 1
+/// (no backtrace: a user's mistake is not a crash). A cause already quoted by the message before
+/// it is not repeated.
+pub fn exit_on_error(result: anyhow::Result<()>) {
+    if let Err(e) = result {
+        let mut line = String::new();
+        for cause in e.chain().map(|c| c.to_string()) {
+            if !line.contains(&cause) {
+                if !line.is_empty() {
+                    line.push_str(": ");
+                }
+                line.push_str(&cause);
+            }
+        }
+        eprintln!("error: {line}");
+        std::process::exit(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,24 +179,5 @@ mod tests {
             err.contains("--n-layer 6") && err.contains("n_layer = 4"),
             "{err}"
         );
-    }
-}
-
-/// Runs a binary's `main`, printing an error as `error: <message>: <cause>...` with exit status 1
-/// (no backtrace: a user's mistake is not a crash). A cause already quoted by the message before
-/// it is not repeated.
-pub fn exit_on_error(result: anyhow::Result<()>) {
-    if let Err(e) = result {
-        let mut line = String::new();
-        for cause in e.chain().map(|c| c.to_string()) {
-            if !line.contains(&cause) {
-                if !line.is_empty() {
-                    line.push_str(": ");
-                }
-                line.push_str(&cause);
-            }
-        }
-        eprintln!("error: {line}");
-        std::process::exit(1);
     }
 }

@@ -282,7 +282,8 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_the_field() {
-        let cases: [(fn(&mut TrainConfig), &str); 6] = [
+        type Breakage = fn(&mut TrainConfig);
+        let cases: [(Breakage, &str); 6] = [
             (|c| c.batch_size = 0, "batch_size"),
             (|c| c.learning_rate = -1.0, "learning_rate"),
             (|c| c.n_head = 3, "n_embd"),

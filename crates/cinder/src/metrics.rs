@@ -134,7 +134,7 @@ impl MetricsLog {
 impl Observer for MetricsLog {
     fn step(&mut self, s: &StepReport, eval: Option<&EvalReport>) {
         let iter = s.iter + 1;
-        if iter % self.log_interval != 0 && eval.is_none() {
+        if !iter.is_multiple_of(self.log_interval) && eval.is_none() {
             return;
         }
         let row = Row {

@@ -74,7 +74,8 @@ pub fn draw(rows: &[Row], title: &str, path: &Path) -> Result<(), PlotError> {
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(|e| err(&e))?;
-        let series: [(&str, &Vec<(f64, f64)>, RGBColor, u32); 3] = [
+        type Series<'a> = (&'a str, &'a Vec<(f64, f64)>, RGBColor, u32); // label, points, colour, width
+        let series: [Series; 3] = [
             ("train loss (step)", &steps, RGBColor(160, 190, 230), 1),
             ("train loss (eval)", &eval_train, BLUE, 2),
             ("validation loss", &val, RED, 2),

@@ -99,7 +99,7 @@ impl Observer for ConsoleObserver {
         let log_now = self.verbosity == Verbosity::Verbose
             || (self.verbosity == Verbosity::Normal
                 && self.bar.is_none()
-                && s.iter % self.log_interval == 0);
+                && s.iter.is_multiple_of(self.log_interval));
         if log_now {
             self.println(format!(
                 "iter {:>6}: loss {:.4}, lr {:.3e}, {:.1} ms, {:.0} tokens/s",

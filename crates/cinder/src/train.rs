@@ -194,7 +194,8 @@ impl Trainer {
             }
             let done = self.iter;
             let last = done == c.max_iters;
-            let eval = (done % c.eval_interval == 0 || last).then(|| self.evaluate(observer));
+            let eval =
+                (done.is_multiple_of(c.eval_interval) || last).then(|| self.evaluate(observer));
             observer.step(&report, eval.as_ref());
             let mut saved_latest = false;
             if let Some(e) = eval {
@@ -207,7 +208,7 @@ impl Trainer {
                     saved_latest = true;
                 }
             }
-            if done % c.checkpoint_interval == 0 && !saved_latest {
+            if done.is_multiple_of(c.checkpoint_interval) && !saved_latest {
                 self.save(LATEST, None, observer)?;
             }
         }

@@ -68,7 +68,7 @@ impl GptConfig {
         positive("n_layer", self.n_layer)?;
         positive("n_head", self.n_head)?;
         positive("n_embd", self.n_embd)?;
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ConfigError {
                 field: "n_embd",
                 value: self.n_embd.to_string(),

@@ -85,16 +85,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             warmup_steps,
             steps,
         } => {
-            let data =
-                TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
-            let mut t = Trainer::new(
-                config.clone(),
-                backend.clone(),
-                data.tokenizer,
-                data.splits,
-                args.data.clone(),
-                std::env::temp_dir(),
-            )?;
+            let mut t = trainer(&args.data, &config, &backend)?;
             let params = t.model.num_params();
             for _ in 0..warmup_steps {
                 t.step();
@@ -136,16 +127,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {
-            let data =
-                TrainingData::load(&args.data, None, config.train_fraction, config.block_size)?;
-            let t = Trainer::new(
-                config.clone(),
-                backend.clone(),
-                data.tokenizer,
-                data.splits,
-                args.data.clone(),
-                std::env::temp_dir(),
-            )?;
+            let t = trainer(&args.data, &config, &backend)?;
             let phases = breakdown(t, steps);
             for (name, ms) in phases {
                 out[format!("{name}_ms")] = round(ms, 3).into();
@@ -158,6 +140,24 @@ fn run(args: Args) -> anyhow::Result<()> {
     out["peak_rss_mb"] = peak_rss_mb().map(|m| round(m, 1)).into();
     println!("{out}");
     Ok(())
+}
+
+/// A new run on `data` that writes nowhere it matters (the benchmarks never checkpoint).
+fn trainer(
+    data: &std::path::Path,
+    config: &TrainConfig,
+    backend: &Backend,
+) -> anyhow::Result<Trainer> {
+    let d = TrainingData::load(data, None, config.train_fraction, config.block_size)?;
+    let out = std::env::temp_dir();
+    Ok(Trainer::new(
+        config.clone(),
+        backend.clone(),
+        d.tokenizer,
+        d.splits,
+        data.to_path_buf(),
+        out,
+    )?)
 }
 
 /// Median milliseconds of each phase of the training step, in order.
