@@ -13,6 +13,9 @@ const EVAL_STREAM: u64 = 1;
 /// Mean loss of `model` over `n_batches` batches of `split`, in inference mode (no dropout, no
 /// gradient tape). The batches are the same at every evaluation, so losses are comparable
 /// across a run and across a resume.
+///
+/// `keep_going(done)` is called after each batch; when it returns false the evaluation is
+/// abandoned and `None` returned (a Ctrl-C should not wait for hundreds of batches).
 pub fn mean_loss(
     model: &Gpt,
     splits: &Splits,
@@ -20,20 +23,8 @@ pub fn mean_loss(
     batcher: &Batcher,
     n_batches: usize,
     device: &Device,
-) -> f32 {
-    mean_loss_with(model, splits, split, batcher, n_batches, device, |_| {})
-}
-
-/// [`mean_loss`], calling `progress` with the number of batches done after each one.
-pub fn mean_loss_with(
-    model: &Gpt,
-    splits: &Splits,
-    split: Split,
-    batcher: &Batcher,
-    n_batches: usize,
-    device: &Device,
-    mut progress: impl FnMut(usize),
-) -> f32 {
+    mut keep_going: impl FnMut(usize) -> bool,
+) -> Option<f32> {
     let tokens = splits.get(split);
     let mut total: Option<Tensor<1>> = None;
     for i in 0..n_batches {
@@ -44,10 +35,11 @@ pub fn mean_loss_with(
             Some(t) => t + loss,
             None => loss,
         });
-        progress(i + 1);
+        if !keep_going(i + 1) {
+            return None;
+        }
     }
-    let total = total.map_or(f32::NAN, |t| t.into_scalar::<f32>());
-    total / n_batches as f32
+    Some(total?.into_scalar::<f32>() / n_batches as f32)
 }
 
 /// Loss of a model over a whole text.

@@ -194,8 +194,17 @@ impl Trainer {
             }
             let done = self.iter;
             let last = done == c.max_iters;
-            let eval =
-                (done.is_multiple_of(c.eval_interval) || last).then(|| self.evaluate(observer));
+            let eval = if done.is_multiple_of(c.eval_interval) || last {
+                let Some(e) = self.evaluate(observer, stop) else {
+                    // Interrupted while evaluating: keep the step, skip the evaluation.
+                    observer.step(&report, None);
+                    self.save(LATEST, None, observer)?;
+                    return Ok(Outcome::Interrupted { iter: self.iter });
+                };
+                Some(e)
+            } else {
+                None
+            };
             observer.step(&report, eval.as_ref());
             let mut saved_latest = false;
             if let Some(e) = eval {
@@ -263,31 +272,35 @@ impl Trainer {
         }
     }
 
-    /// Mean loss on both splits over `eval_iters` batches, in inference mode.
-    pub fn evaluate(&self, observer: &mut dyn Observer) -> EvalReport {
+    /// Mean loss on both splits over `eval_iters` batches, in inference mode; `None` if `stop`
+    /// was set meanwhile.
+    pub fn evaluate(&self, observer: &mut dyn Observer, stop: &AtomicBool) -> Option<EvalReport> {
         let model = self.model.valid();
         let device = &self.backend.device;
         let c = &self.config;
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
         let mut loss = |split| {
-            eval::mean_loss_with(
+            eval::mean_loss(
                 &model,
                 &self.splits,
                 split,
                 &batcher,
                 c.eval_iters,
                 device,
-                |done| observer.eval_progress(split, done, c.eval_iters),
+                |done| {
+                    observer.eval_progress(split, done, c.eval_iters);
+                    !stop.load(Ordering::SeqCst)
+                },
             )
         };
-        let train_loss = loss(Split::Train);
-        let val_loss = loss(Split::Val);
-        EvalReport {
+        let train_loss = loss(Split::Train)?;
+        let val_loss = loss(Split::Val)?;
+        Some(EvalReport {
             iter: self.iter,
             train_loss,
             val_loss,
             improved: self.best_val_loss.is_none_or(|best| val_loss < best),
-        }
+        })
     }
 
     /// Writes the checkpoint `name` of the run folder.

@@ -342,3 +342,36 @@ fn a_failed_write_is_reported_and_keeps_the_last_good_checkpoint() {
         "the last good checkpoint is intact"
     );
 }
+
+#[test]
+fn a_stop_during_evaluation_does_not_wait_for_it() {
+    let _serial = serial();
+    /// Asks to stop as soon as an evaluation starts.
+    struct StopInEval<'a>(&'a AtomicBool, usize);
+    impl Observer for StopInEval<'_> {
+        fn eval_progress(&mut self, _split: Split, _done: usize, _total: usize) {
+            self.1 += 1;
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = TrainConfig {
+        eval_interval: 3,
+        eval_iters: 50,
+        ..tiny_config()
+    };
+    let mut t = trainer(config, dir.path(), "run");
+    let stop = AtomicBool::new(false);
+    let mut observer = StopInEval(&stop, 0);
+    assert_eq!(
+        t.run(&mut observer, &stop).unwrap(),
+        Outcome::Interrupted { iter: 3 }
+    );
+    assert_eq!(observer.1, 1, "one evaluation batch, not 2 x 50");
+    assert_eq!(
+        checkpoint::load_meta(&dir.path().join("run").join(LATEST))
+            .unwrap()
+            .iter,
+        3
+    );
+}
