@@ -28,15 +28,7 @@ fn generate(checkpoint: &Path) -> Command {
 fn train_then_generate_exactly_the_requested_characters() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = train(dir.path())
-        .arg("--out")
-        .arg(&run)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = common::stdout_of(train(dir.path()).arg("--out").arg(&run));
     assert!(
         out.contains("backend flex"),
         "start-up names the backend: {out}"
@@ -186,18 +178,14 @@ fn resume_continues_to_the_new_max_iters() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     train(dir.path()).arg("--out").arg(&run).assert().success();
-    let out = Command::cargo_bin("train")
-        .unwrap()
-        .current_dir(dir.path())
-        .arg("--resume")
-        .arg(&run)
-        .args(["--max-iters", "30"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = common::stdout_of(
+        Command::cargo_bin("train")
+            .unwrap()
+            .current_dir(dir.path())
+            .arg("--resume")
+            .arg(&run)
+            .args(["--max-iters", "30"]),
+    );
     assert!(
         out.contains("resuming") && out.contains("at iteration 20 of 30"),
         "{out}"

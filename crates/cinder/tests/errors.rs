@@ -107,18 +107,14 @@ fn windows_line_endings_and_byte_order_mark_train() {
     let dir = tempfile::tempdir().unwrap();
     let text = common::shakespeare(20_000).replace('\n', "\r\n");
     let path = write(dir.path(), "windows.txt", format!("\u{feff}{text}"));
-    let out = train(dir.path())
-        .arg("--data")
-        .arg(&path)
-        .args(tiny_flags_with(&[("--max-iters", "2")]))
-        .arg("--out")
-        .arg(dir.path().join("run"))
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = common::stdout_of(
+        train(dir.path())
+            .arg("--data")
+            .arg(&path)
+            .args(tiny_flags_with(&[("--max-iters", "2")]))
+            .arg("--out")
+            .arg(dir.path().join("run")),
+    );
     // Read as plain text: no '\r' or BOM in the vocabulary, so its size matches the LF text.
     let plain: std::collections::BTreeSet<char> = common::shakespeare(20_000).chars().collect();
     assert!(
@@ -339,14 +335,7 @@ fn diverging_loss_stops_with_an_error_and_keeps_the_checkpoint() {
 #[test]
 fn help_lists_every_flag_with_its_default_and_version_works() {
     let dir = tempfile::tempdir().unwrap();
-    let help = train(dir.path())
-        .arg("--help")
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let help = String::from_utf8(help).unwrap();
+    let help = common::stdout_of(train(dir.path()).arg("--help"));
     for flag in [
         "--config",
         "--data",
@@ -377,14 +366,7 @@ fn help_lists_every_flag_with_its_default_and_version_works() {
         assert!(help.contains(flag), "train --help lacks {flag}");
     }
     assert!(help.contains("[tiny_cpu: 2000]") && help.contains("[default: configs/tiny_cpu.toml]"));
-    let help = generate(dir.path())
-        .arg("--help")
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let help = String::from_utf8(help).unwrap();
+    let help = common::stdout_of(generate(dir.path()).arg("--help"));
     for default in [
         "[default: 500]",
         "[default: 0.8]",

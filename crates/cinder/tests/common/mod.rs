@@ -79,3 +79,15 @@ pub fn tiny_flags_with(changes: &[(&str, &str)]) -> Vec<String> {
     })
     .collect()
 }
+
+/// Runs `cmd`, checks that it succeeds, and returns what it printed on stdout.
+pub fn stdout_of(mut cmd: impl std::borrow::BorrowMut<assert_cmd::Command>) -> String {
+    let out = cmd
+        .borrow_mut()
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
