@@ -40,22 +40,15 @@ fn train_then_generate_exactly_the_requested_characters() {
     );
 
     let sample = |seed: &str| {
-        let out = generate(&run)
-            .args([
-                "--max-new-tokens",
-                "123",
-                "--quiet",
-                "--seed",
-                seed,
-                "--prompt",
-                "ROMEO:",
-            ])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        String::from_utf8(out).unwrap()
+        common::stdout_of(generate(&run).args([
+            "--max-new-tokens",
+            "123",
+            "--quiet",
+            "--seed",
+            seed,
+            "--prompt",
+            "ROMEO:",
+        ]))
     };
     let text = sample("7");
     let generated = text.strip_suffix('\n').unwrap();
@@ -104,15 +97,11 @@ fn generation_is_the_same_with_and_without_the_cache() {
     train(dir.path()).arg("--out").arg(&run).assert().success();
     // Past block_size (16), so the sliding window is exercised too.
     let text = |extra: &[&str]| {
-        let out = generate(&run)
-            .args(["--max-new-tokens", "60", "--quiet", "--temperature", "0"])
-            .args(extra)
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        String::from_utf8(out).unwrap()
+        common::stdout_of(
+            generate(&run)
+                .args(["--max-new-tokens", "60", "--quiet", "--temperature", "0"])
+                .args(extra),
+        )
     };
     assert_eq!(text(&[]), text(&["--no-cache"]));
 }

@@ -125,18 +125,14 @@ fn evaluate_prefers_the_text_a_model_overfit() {
         .assert()
         .success();
     let measure = |args: &[&str]| -> (f64, f64, f64) {
-        let out = Command::cargo_bin("evaluate")
-            .unwrap()
-            .current_dir(dir.path())
-            .args(["--checkpoint", "run", "--quiet"])
-            .args(args)
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
         // "loss 0.1234 nats/char, perplexity 1.131, 0.1780 bits/char"
-        let out = String::from_utf8(out).unwrap();
+        let out = common::stdout_of(
+            Command::cargo_bin("evaluate")
+                .unwrap()
+                .current_dir(dir.path())
+                .args(["--checkpoint", "run", "--quiet"])
+                .args(args),
+        );
         let words: Vec<&str> = out.split_whitespace().collect();
         let num = |i: usize| -> f64 { words[i].trim_end_matches(',').parse().unwrap() };
         (num(1), num(4), num(5))
