@@ -1,0 +1,139 @@
+//! Causal multi-head self-attention on the fused `qkv` projection, one (sequence, head) pair per
+//! rayon task. The attention weights are kept for the backward pass.
+
+use rayon::prelude::*;
+
+use crate::matmul::{Mat, matmul_into_strided};
+use crate::simd::{dot, exp, multiversion};
+
+/// The shape of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub batch: usize,
+    pub seq: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+}
+
+impl Shape {
+    fn head_size(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+}
+
+/// A pointer that rayon tasks may share: each task writes only its own head's columns.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: used only to write disjoint elements from different tasks (see the call sites).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// The element `offset` places on (a method, so closures capture the wrapper, not the field).
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+multiversion! {
+    /// Scales row `i` of the scores, and turns its first `i + 1` entries into softmax weights;
+    /// the entries after them (the future) become 0.
+    pub fn causal_softmax_row(row: &mut [f32], i: usize, scale: f32) {
+        let (seen, future) = row.split_at_mut(i + 1);
+        let mut max = f32::NEG_INFINITY;
+        for s in seen.iter_mut() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        let mut total = 0.0;
+        for s in seen.iter_mut() {
+            *s = exp(*s - max);
+            total += *s;
+        }
+        let inv = 1.0 / total;
+        for s in seen.iter_mut() {
+            *s *= inv;
+        }
+        future.fill(0.0);
+    }
+}
+
+multiversion! {
+    /// `dS = P ⊙ (dP - Σ_j P dP) * scale` for row `i`, in place in `dp`.
+    pub fn softmax_backward_row(p: &[f32], dp: &mut [f32], i: usize, scale: f32) {
+        let n = i + 1;
+        let d = dot(&p[..n], &dp[..n]);
+        for (g, w) in dp[..n].iter_mut().zip(&p[..n]) {
+            *g = w * (*g - d) * scale;
+        }
+        dp[n..].fill(0.0);
+    }
+}
+
+/// # Shapes
+/// - qkv: `[B*T, 3C]` (queries, keys, values side by side; head h at columns `h*hs..`)
+/// - att: `[B, H, T, T]` written: the attention weights
+/// - y: `[B*T, C]` written: heads side by side
+pub fn forward(qkv: &[f32], s: Shape, att: &mut [f32], y: &mut [f32]) {
+    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
+    assert_eq!(qkv.len(), s.batch * t * 3 * c);
+    assert_eq!(att.len(), s.batch * s.n_head * t * t);
+    assert_eq!(y.len(), s.batch * t * c);
+    let scale = 1.0 / (hs as f32).sqrt();
+    let y_ptr = SharedMut(y.as_mut_ptr());
+    att.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
+        let (b, h) = (bh / s.n_head, bh % s.n_head);
+        let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
+        let head = |part: usize| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1);
+        let (q, k, v) = (head(0), head(1), head(2));
+        // SAFETY (both calls): p is this task's own [T, T] block; y's block for (b, h) is rows
+        // b*T.., columns h*hs.., which no other task writes.
+        unsafe {
+            matmul_into_strided(p.as_mut_ptr(), (t, 1), q, k.t(), false); // (T, T) scores
+        }
+        for (i, row) in p.chunks_exact_mut(t).enumerate() {
+            causal_softmax_row(row, i, scale);
+        }
+        let y_bh = y_ptr.at(b * t * c + h * hs);
+        unsafe {
+            matmul_into_strided(y_bh, (c, 1), Mat::new(p, t, t), v, false); // (T, hs)
+        }
+    });
+}
+
+/// Backward of [`forward`]: writes `dqkv` from `dy` and the saved weights `att`.
+///
+/// # Shapes
+/// - dy: `[B*T, C]`; qkv, dqkv: `[B*T, 3C]`; att: `[B, H, T, T]`
+pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]) {
+    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
+    assert_eq!(dqkv.len(), qkv.len());
+    let scale = 1.0 / (hs as f32).sqrt();
+    let d_ptr = SharedMut(dqkv.as_mut_ptr());
+    att.par_chunks(t * t).enumerate().for_each_init(
+        || vec![0.0f32; t * t],
+        |dp, (bh, p)| {
+            let (b, h) = (bh / s.n_head, bh % s.n_head);
+            let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
+            let head = |part: usize| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1);
+            let (q, k, v) = (head(0), head(1), head(2));
+            let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
+            let p = Mat::new(p, t, t);
+            let d_part = |part: usize| d_ptr.at(b * t * 3 * c + part * c + h * hs);
+            // SAFETY: dp is this task's scratch; the dqkv blocks written (rows b*T.., columns
+            // h*hs.. of the q, k and v parts) belong to (b, h) alone.
+            unsafe {
+                matmul_into_strided(dp.as_mut_ptr(), (t, 1), dy_bh, v.t(), false); // dP (T, T)
+                matmul_into_strided(d_part(2), (3 * c, 1), p.t(), dy_bh, false); // dV = Pᵀ dY
+            }
+            for (i, row) in dp.chunks_exact_mut(t).enumerate() {
+                softmax_backward_row(&p.data[i * t..(i + 1) * t], row, i, scale);
+            }
+            let ds = Mat::new(dp, t, t);
+            unsafe {
+                matmul_into_strided(d_part(0), (3 * c, 1), ds, k, false); // dQ = dS K
+                matmul_into_strided(d_part(1), (3 * c, 1), ds.t(), q, false); // dK = dSᵀ Q
+            }
+        },
+    );
+}

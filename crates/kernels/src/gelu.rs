@@ -1,0 +1,45 @@
+//! The exact (erf) GELU, `x * Φ(x)`, and its derivative.
+
+use rayon::prelude::*;
+
+use crate::simd::{erf, exp, multiversion};
+
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// 1 / sqrt(2π)
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+/// Elements per rayon task.
+const CHUNK: usize = 16 * 1024;
+
+multiversion! {
+    /// `out = gelu(x)` for one chunk.
+    pub fn forward_chunk(x: &[f32], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = 0.5 * v * (1.0 + erf(v * FRAC_1_SQRT_2));
+        }
+    }
+}
+
+multiversion! {
+    /// `dx = dout * gelu'(x)` for one chunk, in place in `d`.
+    pub fn backward_chunk(x: &[f32], d: &mut [f32]) {
+        for (g, &v) in d.iter_mut().zip(x) {
+            let cdf = 0.5 * (1.0 + erf(v * FRAC_1_SQRT_2));
+            let pdf = exp(-0.5 * v * v) * FRAC_1_SQRT_2PI;
+            *g *= cdf + v * pdf;
+        }
+    }
+}
+
+/// `out = gelu(x)`, element-wise.
+pub fn forward(x: &[f32], out: &mut [f32]) {
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, x)| forward_chunk(x, o));
+}
+
+/// Turns `d = ∂loss/∂gelu(x)` into `∂loss/∂x`, in place.
+pub fn backward(x: &[f32], d: &mut [f32]) {
+    d.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(d, x)| backward_chunk(x, d));
+}

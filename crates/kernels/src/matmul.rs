@@ -1,0 +1,191 @@
+//! Row-major matrix products on gemm's kernels, with transposes expressed as strides (no copies).
+
+/// A matrix operand: `rows x cols` logically, element (i, j) at `data[i * row_stride + j *
+/// col_stride]`. A transpose is the same data with the strides swapped.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// `data` as a row-major `rows x cols` matrix.
+    pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matrix data does not match its shape"
+        );
+        Self::strided(data, rows, cols, cols, 1)
+    }
+
+    /// A `rows x cols` matrix whose rows are `row_stride` apart in `data` (one head's columns of
+    /// a wider matrix, say).
+    pub fn strided(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1) * row_stride + (cols - 1) * col_stride;
+            assert!(last < data.len(), "matrix view runs past its data");
+        }
+        Self {
+            data,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    /// The transpose, as a view.
+    pub fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            data: self.data,
+        }
+    }
+
+    fn strides(&self) -> (isize, isize) {
+        (self.row_stride as isize, self.col_stride as isize)
+    }
+}
+
+/// Below this many multiply-adds a product runs on the calling thread: splitting it costs more
+/// than it saves (gemm's own threshold in Burn's flex backend is the same order).
+const PARALLEL_WORK: usize = 96 * 96 * 96;
+
+/// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
+/// Large products use all of rayon's threads unless `single_thread` (for callers already inside
+/// a parallel loop).
+pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool, single_thread: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions differ");
+    assert_eq!(
+        out.len(),
+        m * n,
+        "output does not match the product's shape"
+    );
+    let parallelism = if single_thread || m * n * k < PARALLEL_WORK {
+        gemm::Parallelism::None
+    } else {
+        gemm::Parallelism::Rayon(0)
+    };
+    strided_matmul(
+        out.as_mut_ptr(),
+        (n as isize, 1),
+        a,
+        b,
+        accumulate,
+        parallelism,
+    );
+}
+
+/// `out = a · b` (or `+=`) into a matrix with arbitrary strides (row, column), on one thread:
+/// used where `out` is one head's slice of a wider matrix.
+///
+/// # Safety
+/// `out` must be valid for writes at every `i * stride.0 + j * stride.1` for `i < a.rows`,
+/// `j < b.cols`, and no other thread may touch those elements during the call.
+pub unsafe fn matmul_into_strided(
+    out: *mut f32,
+    stride: (usize, usize),
+    a: Mat,
+    b: Mat,
+    accumulate: bool,
+) {
+    assert_eq!(b.rows, a.cols, "inner dimensions differ");
+    let stride = (stride.0 as isize, stride.1 as isize);
+    strided_matmul(out, stride, a, b, accumulate, gemm::Parallelism::None);
+}
+
+fn strided_matmul(
+    out: *mut f32,
+    (out_rs, out_cs): (isize, isize),
+    a: Mat,
+    b: Mat,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    let (a_rs, a_cs) = a.strides();
+    let (b_rs, b_cs) = b.strides();
+    // SAFETY: the shapes were checked against the slices (Mat::new) and the output by the
+    // callers; gemm reads a and b within those bounds and writes out within its m x n block.
+    unsafe {
+        gemm::gemm(
+            a.rows,
+            b.cols,
+            a.cols,
+            out,
+            out_cs,
+            out_rs,
+            accumulate,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: Mat, b: Mat) -> Vec<f32> {
+        let at = |i: usize, j: usize| a.data[i * a.row_stride + j * a.col_stride];
+        let bt = |i: usize, j: usize| b.data[i * b.row_stride + j * b.col_stride];
+        let mut out = vec![0.0; a.rows * b.cols];
+        for i in 0..a.rows {
+            for j in 0..b.cols {
+                out[i * b.cols + j] = (0..a.cols).map(|p| at(i, p) * bt(p, j)).sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_transpose_combination_matches_a_naive_product() {
+        let (m, k, n) = (37, 53, 29);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let am = if ta {
+                    Mat::new(&a, k, m).t()
+                } else {
+                    Mat::new(&a, m, k)
+                };
+                let bm = if tb {
+                    Mat::new(&b, n, k).t()
+                } else {
+                    Mat::new(&b, k, n)
+                };
+                let want = naive(am, bm);
+                let mut out = vec![1.0; m * n];
+                matmul(&mut out, am, bm, false, false);
+                assert_eq!(out, want, "ta={ta} tb={tb}");
+                matmul(&mut out, am, bm, true, false);
+                let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+                assert_eq!(out, twice, "accumulate, ta={ta} tb={tb}");
+            }
+        }
+    }
+}

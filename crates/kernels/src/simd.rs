@@ -1,0 +1,155 @@
+//! Run-time choice of vector instructions, and the two transcendental functions the model needs
+//! (`exp`, `erf`) written as plain arithmetic so that loops over them vectorise.
+//!
+//! The crate is compiled for the baseline x86-64 (SSE2). [`multiversion!`] compiles a function's
+//! body three times, for AVX-512, AVX2+FMA and the baseline, and picks one at run time.
+
+/// Defines `pub fn $name(args) -> ret` whose body is compiled for AVX-512, AVX2+FMA and the
+/// baseline, the best one the CPU has being chosen at each call (the check is a cached load).
+macro_rules! multiversion {
+    ($(#[$meta:meta])* pub fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn generic($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                unsafe fn v4($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the features v4 was compiled for.
+                    return unsafe { v4($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has the features v3 was compiled for.
+                    return unsafe { v3($($arg),*) };
+                }
+            }
+            generic($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// `e^x` within 2 ulp for x in [-87, 88] (Cephes' `expf`: x = n ln 2 + r, a degree-6 polynomial
+/// for `e^r`, `2^n` built in the exponent bits). Below -87 it returns about 1e-38, not 0.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding and subtracting it rounds to an integer
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    e * scale
+}
+
+/// The error function within a few ulp (the rational approximation XLA and Eigen use for f32:
+/// x clamped to [-4, 4], where erf is 1 to within f32 precision).
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = -2.726_142_3e-10f32;
+    p = p * x2 + 2.770_681_4e-8;
+    p = p * x2 + -2.101_024e-6;
+    p = p * x2 + -5.692_506_4e-5;
+    p = p * x2 + -7.349_906_3e-4;
+    p = p * x2 + -2.954_600_1e-3;
+    p = p * x2 + -1.609_603_3e-2;
+    let mut q = -1.456_607_2e-5f32;
+    q = q * x2 + -2.133_740_6e-4;
+    q = q * x2 + -1.682_827e-3;
+    q = q * x2 + -7.373_329_2e-3;
+    q = q * x2 + -1.426_474e-2;
+    x * p / q
+}
+
+/// Lanes of the partial sums below: 16 independent accumulators let the compiler use vector
+/// registers (a single running sum is a dependency chain it may not reorder).
+const LANES: usize = 16;
+
+/// `sum(x)`, in a fixed order (the result does not depend on threads).
+#[inline(always)]
+pub fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for ch in chunks {
+        for i in 0..LANES {
+            acc[i] += ch[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `sum(a * b)`.
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+multiversion! {
+    /// `acc += x`, element-wise.
+    pub fn add_assign(acc: &mut [f32], x: &[f32]) {
+        assert_eq!(acc.len(), x.len());
+        for (a, b) in acc.iter_mut().zip(x) {
+            *a += b;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_the_standard_library() {
+        let mut worst = (0f32, 0f32);
+        for i in -86_000..=87_900 {
+            let x = i as f32 * 1e-3;
+            let want = x.exp();
+            let err = ((exp(x) - want) / want).abs();
+            if err > worst.0 {
+                worst = (err, x);
+            }
+        }
+        assert!(worst.0 < 3e-7, "relative error {} at {}", worst.0, worst.1);
+    }
+
+    #[test]
+    fn erf_matches_libm() {
+        let mut worst = 0f32;
+        for i in -6_000..=6_000 {
+            let x = i as f32 * 1e-3;
+            worst = worst.max((erf(x) - libm::erff(x)).abs());
+        }
+        assert!(worst < 1e-6, "absolute error {worst}");
+    }
+}
