@@ -12,6 +12,7 @@ pub mod device;
 pub mod eval;
 pub mod generate;
 pub mod inspect;
+pub mod kernels;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

@@ -14,6 +14,7 @@ use crate::config::TrainConfig;
 use crate::data::batch_tensors;
 use crate::device::Backend;
 use crate::eval;
+use crate::kernels::{Engine, KernelStep, unsupported};
 use crate::loss::cross_entropy;
 use crate::optim::{adamw, clip_global_norm};
 use crate::schedule::learning_rate;
@@ -34,6 +35,8 @@ pub enum TrainError {
     NonFinite { iter: u64, loss: f32 },
     #[error("invalid model configuration: {0}")]
     Model(#[from] cinder_model::ConfigError),
+    #[error("--engine kernels cannot run this run: {0}. Use --engine auto or --engine burn")]
+    EngineUnsupported(String),
 }
 
 /// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
@@ -113,6 +116,8 @@ pub struct Trainer {
     pub data_path: PathBuf,
     /// The run folder: `latest/` and `best/` go inside.
     pub out_dir: PathBuf,
+    /// The hand-written training step, when it runs this configuration (see [`Engine`]).
+    kernels: Option<KernelStep>,
 }
 
 impl Trainer {
@@ -129,7 +134,7 @@ impl Trainer {
         device.seed(config.seed);
         let model = config.model(tokenizer.vocab_size()).init(&device)?;
         let optim = adamw(&config, &model);
-        Ok(Self {
+        Self {
             config,
             backend,
             tokenizer,
@@ -140,7 +145,9 @@ impl Trainer {
             best_val_loss: None,
             data_path,
             out_dir,
-        })
+            kernels: None,
+        }
+        .with_engine(Engine::Auto)
     }
 
     /// A run continued from the checkpoint `dir`, whose metadata is `meta`; `config` is the
@@ -157,7 +164,7 @@ impl Trainer {
         let device = backend.device.clone().autodiff();
         let model = checkpoint::load_model(dir, meta, &device)?;
         let optim = checkpoint::load_optimizer(dir, meta, adamw(&config, &model))?;
-        Ok(Self {
+        Self {
             config,
             backend,
             tokenizer: meta.vocab.clone(),
@@ -168,7 +175,34 @@ impl Trainer {
             best_val_loss: meta.best_val_loss,
             data_path,
             out_dir,
-        })
+            kernels: None,
+        }
+        .with_engine(Engine::Auto)
+    }
+
+    /// Chooses the code that computes gradients. The two give the same losses and gradients up
+    /// to float rounding (tested), so a run may change engine on resume.
+    pub fn with_engine(mut self, engine: Engine) -> Result<Self, TrainError> {
+        let why_not = unsupported(&self.config, self.backend.name);
+        self.kernels = match (engine, why_not) {
+            (Engine::Burn, _) | (Engine::Auto, Some(_)) => None,
+            (Engine::Kernels, Some(why)) => return Err(TrainError::EngineUnsupported(why)),
+            (Engine::Auto | Engine::Kernels, None) => Some(KernelStep::new(
+                &self.model,
+                self.config.batch_size,
+                self.config.block_size,
+            )),
+        };
+        Ok(self)
+    }
+
+    /// The engine computing gradients: `"kernels"` or `"burn"`.
+    pub fn engine_name(&self) -> &'static str {
+        if self.kernels.is_some() {
+            "kernels"
+        } else {
+            "burn"
+        }
     }
 
     /// Trains until `max_iters` or until `stop` is set, evaluating every `eval_interval`
@@ -237,7 +271,14 @@ impl Trainer {
         let tokens = self.splits.get(Split::Train);
 
         let mut loss_sum = 0.0f32;
-        let mut grads = if accum == 1 {
+        let mut grads = if let Some(kernels) = &mut self.kernels {
+            let batches: Vec<_> = (0..accum as u64)
+                .map(|micro| batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro))
+                .collect();
+            let (loss, grads) = kernels.run(&self.model, &batches, &self.backend.device);
+            loss_sum = loss;
+            grads
+        } else if accum == 1 {
             let batch = batcher.batch(tokens, Split::Train, 0, it);
             let (x, y) = batch_tensors(&batch, &device);
             let loss = cross_entropy(self.model.forward(x), y);

@@ -15,14 +15,7 @@ use cinder::loss::cross_entropy;
 use cinder::optim::adamw;
 use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
 use cinder_data::{Batcher, Split};
-use common::{corpus_in, tiny_config};
-
-/// Burn's random generator is global to the process: tests that seed it and draw from it
-/// (initialisation, dropout) take turns.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
+use common::{corpus_in, serial, tiny_config};
 
 /// Collects every step's loss.
 #[derive(Default)]
@@ -116,17 +109,40 @@ fn tiny_model_overfits_one_batch() {
 
 #[test]
 fn resume_is_bit_identical_to_a_straight_run() {
+    // Dropout on, so that the dropout masks must also be reproduced (Burn's autodiff runs it).
+    check_exact_resume(
+        TrainConfig {
+            dropout: 0.1,
+            ..tiny_config()
+        },
+        "burn",
+    );
+}
+
+#[test]
+fn resume_is_bit_identical_to_a_straight_run_on_the_kernels() {
+    check_exact_resume(
+        TrainConfig {
+            gradient_accumulation_steps: 2,
+            ..tiny_config()
+        },
+        "kernels",
+    );
+}
+
+/// 16 iterations straight, and 8 then 8 more resumed from the checkpoint, give the same losses
+/// bit for bit and the same weights, on the engine named.
+fn check_exact_resume(config: TrainConfig, engine: &str) {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    // Dropout on, so that the dropout masks must also be reproduced.
     let config = TrainConfig {
-        dropout: 0.1,
         max_iters: 16,
-        ..tiny_config()
+        ..config
     };
     let stop = AtomicBool::new(false);
 
     let mut straight = trainer(config.clone(), dir.path(), "straight");
+    assert_eq!(straight.engine_name(), engine);
     let mut straight_losses = Losses::default();
     assert_eq!(
         straight.run(&mut straight_losses, &stop).unwrap(),
@@ -151,6 +167,7 @@ fn resume_is_bit_identical_to_a_straight_run() {
         "halves",
     );
     assert_eq!(second.iter, 8);
+    assert_eq!(second.engine_name(), engine);
     second.run(&mut losses, &stop).unwrap();
 
     assert_eq!(losses.0.len(), 16);

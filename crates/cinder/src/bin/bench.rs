@@ -11,6 +11,7 @@ use cinder::config::TrainConfig;
 use cinder::data::TrainingData;
 use cinder::device::{Backend, DeviceChoice};
 use cinder::generate::{GenerateOptions, generate};
+use cinder::kernels::Engine;
 use cinder::sampling::SamplingParams;
 use cinder::train::Trainer;
 use clap::{Parser, Subcommand};
@@ -28,6 +29,9 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
+    /// What computes the gradients (train and breakdown)
+    #[arg(long, value_enum, default_value_t)]
+    engine: Engine,
     #[command(subcommand)]
     mode: Mode,
     #[command(flatten)]
@@ -85,7 +89,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             warmup_steps,
             steps,
         } => {
-            let mut t = trainer(&args.data, &config, &backend)?;
+            let mut t = trainer(&args.data, &config, &backend)?.with_engine(args.engine)?;
+            out["engine"] = t.engine_name().into();
             let params = t.model.num_params();
             for _ in 0..warmup_steps {
                 t.step();

@@ -11,6 +11,7 @@ use cinder::cli::{Overrides, apply_on_resume, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::TrainingData;
 use cinder::device::{Backend, DeviceChoice};
+use cinder::kernels::Engine;
 use cinder::metrics::{self, MetricsLog};
 use cinder::plot::LossPlot;
 use cinder::progress::{ConsoleObserver, Verbosity};
@@ -43,6 +44,10 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
+    /// What computes the gradients: cinder's hand-written CPU kernels (auto: where they apply,
+    /// i.e. on the CPU without dropout) or Burn's autodiff
+    #[arg(long, value_enum, default_value_t)]
+    engine: Engine,
     /// Print only errors and the final summary
     #[arg(long, short, conflicts_with = "verbose")]
     quiet: bool,
@@ -51,6 +56,13 @@ struct Args {
     verbose: bool,
     #[command(flatten)]
     overrides: Overrides,
+}
+
+fn engine_description(name: &str) -> &'static str {
+    match name {
+        "kernels" => "cinder's hand-written CPU kernels",
+        _ => "Burn autodiff",
+    }
 }
 
 fn main() {
@@ -78,7 +90,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut trainer = match &args.resume {
         Some(from) => resume(&args, from, backend, &say)?,
         None => start(&args, backend, &say)?,
-    };
+    }
+    .with_engine(args.engine)?;
+    say(format!(
+        "gradients: {}",
+        engine_description(trainer.engine_name())
+    ));
     say(format!(
         "model: {} parameters, vocabulary {} characters; run folder {}",
         trainer.model.num_params(),

@@ -11,6 +11,13 @@ pub fn backend() -> Backend {
     Backend::cpu().or_else(|_| Backend::gpu()).unwrap()
 }
 
+/// Burn's random generator is global to the process: tests that seed it and draw from it
+/// (initialisation, dropout) take turns.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The first `n` characters of Tiny Shakespeare.
 pub fn shakespeare(n: usize) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tinyshakespeare.txt");

@@ -1,0 +1,204 @@
+//! The hand-written kernels against Burn's autodiff: the same loss, the same gradients, the same
+//! training run, on tiny models.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use cinder::config::TrainConfig;
+use cinder::data::{TrainingData, batch_tensors};
+use cinder::kernels::{Engine, KernelStep};
+use cinder::loss::cross_entropy;
+use cinder::train::{Observer, StepReport, TrainError, Trainer};
+use cinder_data::{Batcher, Split};
+use cinder_model::Gpt;
+use common::{corpus_in, serial, tiny_config};
+
+fn trainer(
+    config: TrainConfig,
+    dir: &std::path::Path,
+    engine: Engine,
+) -> Result<Trainer, TrainError> {
+    let data_path = corpus_in(dir);
+    let data =
+        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    Trainer::new(
+        config,
+        common::backend(),
+        data.tokenizer,
+        data.splits,
+        data_path,
+        dir.join("run"),
+    )?
+    .with_engine(engine)
+}
+
+/// Every parameter's gradient in `grads`, in `model`'s visiting order, flattened.
+fn flat(model: &Gpt, grads: &GradientsParams) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    struct Collect<'a>(&'a GradientsParams, Vec<(String, Vec<usize>, Vec<f32>)>);
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let g = self
+                .0
+                .get::<D>(p.id)
+                .expect("every parameter has a gradient");
+            let dims = g.dims().to_vec();
+            let name = format!("parameter {} {:?}", self.1.len(), dims);
+            self.1
+                .push((name, dims, g.into_data().try_to_vec::<f32>().unwrap()));
+        }
+    }
+    let mut c = Collect(grads, Vec::new());
+    model.visit(&mut c);
+    c.1
+}
+
+/// Loss and gradients of one batch from both engines agree, for a model whose biases and
+/// LayerNorm parameters are no longer at their initial values.
+fn check_gradients(config: TrainConfig) {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(
+        TrainConfig {
+            learning_rate: 1e-2,
+            warmup_iters: 0,
+            ..config.clone()
+        },
+        dir.path(),
+        Engine::Burn,
+    )
+    .unwrap();
+    for _ in 0..3 {
+        t.step();
+    }
+    let model = t.model.clone();
+    let device = t.backend.device.clone();
+    let batch = Batcher::new(7, config.batch_size, config.block_size).batch(
+        t.splits.get(Split::Train),
+        Split::Train,
+        0,
+        99,
+    );
+
+    let (x, y) = batch_tensors(&batch, &device.clone().autodiff());
+    let loss = cross_entropy(model.forward(x), y);
+    let burn_loss = loss.clone().into_scalar::<f32>();
+    let burn = flat(
+        &model,
+        &GradientsParams::from_grads(loss.backward(), &model),
+    );
+
+    let mut step = KernelStep::new(&model, config.batch_size, config.block_size);
+    let (kernel_loss, grads) = step.run(&model, std::slice::from_ref(&batch), &device);
+    let ours = flat(&model, &grads);
+
+    assert!(
+        (kernel_loss - burn_loss).abs() < 1e-5,
+        "loss: kernels {kernel_loss}, burn {burn_loss}"
+    );
+    assert_eq!(ours.len(), burn.len());
+    for ((name, dims, a), (_, _, b)) in ours.iter().zip(&burn) {
+        // Column by column (a column of a linear weight is one output unit: the query, key and
+        // value parts of c_attn are judged apart), relative to the column's size.
+        let cols = if dims.len() == 2 { dims[1] } else { 1 };
+        for j in 0..cols {
+            let col = |v: &[f32]| v.iter().skip(j).step_by(cols).copied().collect::<Vec<_>>();
+            let (x, y) = (col(a), col(b));
+            let norm = |v: &[f32]| v.iter().map(|e| e * e).sum::<f32>().sqrt();
+            let diff: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
+            assert!(
+                norm(&diff) <= 1e-8 + 1e-3 * norm(&y),
+                "{name}, column {j}: difference {} for a gradient of size {}",
+                norm(&diff),
+                norm(&y)
+            );
+        }
+    }
+}
+
+#[test]
+fn loss_and_gradients_match_burn_autodiff() {
+    check_gradients(tiny_config());
+}
+
+#[test]
+fn loss_and_gradients_match_burn_autodiff_without_biases() {
+    check_gradients(TrainConfig {
+        bias: false,
+        n_head: 4,
+        ..tiny_config()
+    });
+}
+
+#[test]
+fn loss_and_gradients_match_burn_autodiff_on_sequences_shorter_than_the_context() {
+    // block_size is the model's; the kernels' tape is sized for the batch actually drawn.
+    check_gradients(TrainConfig {
+        block_size: 5,
+        batch_size: 3,
+        ..tiny_config()
+    });
+}
+
+#[derive(Default)]
+struct Losses(Vec<f32>);
+impl Observer for Losses {
+    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::train::EvalReport>) {
+        self.0.push(s.loss);
+    }
+}
+
+#[test]
+fn a_run_on_the_kernels_follows_the_same_path_as_on_burn() {
+    // Gradient accumulation and clipping included; the optimizer is Burn's in both.
+    let config = TrainConfig {
+        max_iters: 12,
+        gradient_accumulation_steps: 2,
+        grad_clip: 0.5,
+        eval_interval: 100,
+        checkpoint_interval: 100,
+        ..tiny_config()
+    };
+    let _serial = serial();
+    let stop = AtomicBool::new(false);
+    let run = |engine| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = trainer(config.clone(), dir.path(), engine).unwrap();
+        let mut losses = Losses::default();
+        t.run(&mut losses, &stop).unwrap();
+        (t.engine_name(), losses.0)
+    };
+    let (burn_name, burn) = run(Engine::Burn);
+    let (kernel_name, kernels) = run(Engine::Kernels);
+    assert_eq!((burn_name, kernel_name), ("burn", "kernels"));
+    assert_eq!(burn.len(), 12);
+    for (i, (a, b)) in kernels.iter().zip(&burn).enumerate() {
+        assert!((a - b).abs() < 1e-4, "iteration {i}: kernels {a}, burn {b}");
+    }
+    assert!(burn[11] < burn[0] - 0.3, "the run learns: {burn:?}");
+}
+
+#[test]
+fn auto_uses_the_kernels_without_dropout_and_burn_with_it() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let t = trainer(tiny_config(), dir.path(), Engine::Auto).unwrap();
+    assert_eq!(t.engine_name(), "kernels");
+    let with_dropout = TrainConfig {
+        dropout: 0.1,
+        ..tiny_config()
+    };
+    let t = trainer(with_dropout.clone(), dir.path(), Engine::Auto).unwrap();
+    assert_eq!(t.engine_name(), "burn");
+    let err = trainer(with_dropout, dir.path(), Engine::Kernels)
+        .err()
+        .unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("dropout") && msg.contains("--engine burn"),
+        "{msg}"
+    );
+}
