@@ -8,7 +8,7 @@ use burn::nn::{LayerNorm, Linear};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use cinder_data::Batch;
-use cinder_kernels::{self as k, Dims, Params, Tape};
+use cinder_kernels::{self as k, Dims, Params, Step};
 use cinder_model::Gpt;
 
 use crate::config::TrainConfig;
@@ -44,17 +44,17 @@ pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
 /// Buffers of the hand-written step, allocated once per run.
 pub struct KernelStep {
     params: Params,
-    grads: Params,
-    tape: Tape,
+    step: Step,
 }
 
 impl KernelStep {
+    /// Buffers for batches of `batch_size` sequences of `block_size` tokens, shared out among
+    /// rayon's threads.
     pub fn new(model: &Gpt, batch_size: usize, block_size: usize) -> Self {
         let params = params_of(model);
-        let dims = params.dims;
+        let threads = rayon::current_num_threads();
         Self {
-            grads: Params::zeros(dims),
-            tape: Tape::new(dims, batch_size, block_size),
+            step: Step::new(&params, batch_size, block_size, threads),
             params,
         }
     }
@@ -68,21 +68,16 @@ impl KernelStep {
         device: &Device,
     ) -> (f32, GradientsParams) {
         copy_params(model, &mut self.params);
-        self.grads.fill_zero();
+        self.step.zero_grad();
         let scale = 1.0 / batches.len() as f32;
         let mut loss = 0.0;
         for b in batches {
-            loss += k::forward(&self.params, &b.inputs, &b.targets, &mut self.tape) * scale;
-            k::backward(
-                &self.params,
-                &b.inputs,
-                &b.targets,
-                scale,
-                &mut self.tape,
-                &mut self.grads,
-            );
+            loss += self
+                .step
+                .accumulate(&self.params, &b.inputs, &b.targets, scale)
+                * scale;
         }
-        (loss, gradients(model, &self.grads, device))
+        (loss, gradients(model, self.step.gradients(), device))
     }
 }
 

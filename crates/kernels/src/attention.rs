@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::matmul::{Mat, matmul_into_strided};
-use crate::simd::{dot, exp, multiversion};
+use crate::simd::{dot, exp_shifted_sum, max, multiversion};
 
 /// The shape of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -40,16 +40,10 @@ multiversion! {
     /// the entries after them (the future) become 0.
     pub fn causal_softmax_row(row: &mut [f32], i: usize, scale: f32) {
         let (seen, future) = row.split_at_mut(i + 1);
-        let mut max = f32::NEG_INFINITY;
         for s in seen.iter_mut() {
             *s *= scale;
-            max = max.max(*s);
         }
-        let mut total = 0.0;
-        for s in seen.iter_mut() {
-            *s = exp(*s - max);
-            total += *s;
-        }
+        let total = exp_shifted_sum(seen, max(seen));
         let inv = 1.0 / total;
         for s in seen.iter_mut() {
             *s *= inv;

@@ -77,15 +77,13 @@ multiversion! {
             *h = (v - mean) * rstd;
         }
         // dnorm = dout * gamma; dx = (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)) * rstd
-        let mut m1 = 0.0;
-        let mut m2 = 0.0;
-        for ((d, g), h) in dout.iter().zip(gamma).zip(xhat.iter()) {
-            let dn = d * g;
-            m1 += dn;
-            m2 += dn * h;
+        let m1 = dot(dout, gamma) / c;
+        for ((h, d), g) in xhat.iter_mut().zip(dout).zip(gamma) {
+            *h *= d * g; // now dnorm * xhat
         }
-        let (m1, m2) = (m1 / c, m2 / c);
-        for (((o, d), g), h) in dx.iter_mut().zip(dout).zip(gamma).zip(xhat.iter()) {
+        let m2 = sum(xhat) / c;
+        for (((o, d), g), v) in dx.iter_mut().zip(dout).zip(gamma).zip(x) {
+            let h = (v - mean) * rstd;
             *o += (d * g - m1 - h * m2) * rstd;
         }
     }

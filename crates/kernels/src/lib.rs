@@ -8,6 +8,7 @@
 //!
 //! - [`params`]: the parameters (and gradients) as vectors, in Burn's layouts
 //! - [`gpt`]: the model's forward and backward passes over a [`gpt::Tape`] of activations
+//! - [`step`]: a training step's passes, data-parallel over threads
 //! - one module per layer kind: [`layernorm`], [`linear`], [`attention`], [`gelu`], [`loss`]
 //! - [`matmul`]: row-major products with transposes as strides; [`simd`]: vector dispatch, `exp`
 
@@ -20,6 +21,8 @@ pub mod loss;
 pub mod matmul;
 pub mod params;
 pub mod simd;
+pub mod step;
 
 pub use gpt::{Tape, backward, forward};
 pub use params::{BlockParams, Dims, Linear, Norm, Params};
+pub use step::Step;

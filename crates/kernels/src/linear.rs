@@ -14,9 +14,9 @@ pub fn forward(x: &[f32], l: &Linear, out: &mut [f32]) {
             for row in out.chunks_exact_mut(l.d_out) {
                 row.copy_from_slice(b);
             }
-            matmul(out, Mat::new(x, n, l.d_in), w, true, false);
+            matmul(out, Mat::new(x, n, l.d_in), w, true);
         }
-        None => matmul(out, Mat::new(x, n, l.d_in), w, false, false),
+        None => matmul(out, Mat::new(x, n, l.d_in), w, false),
     }
 }
 
@@ -29,21 +29,9 @@ pub fn backward(dy: &[f32], x: &[f32], l: &Linear, grad: &mut Linear, dx: Option
     let n = x.len() / l.d_in;
     let dy_m = Mat::new(dy, n, l.d_out);
     if let Some(dx) = dx {
-        matmul(
-            dx,
-            dy_m,
-            Mat::new(&l.weight, l.d_in, l.d_out).t(),
-            false,
-            false,
-        );
+        matmul(dx, dy_m, Mat::new(&l.weight, l.d_in, l.d_out).t(), false);
     }
-    matmul(
-        &mut grad.weight,
-        Mat::new(x, n, l.d_in).t(),
-        dy_m,
-        true,
-        false,
-    );
+    matmul(&mut grad.weight, Mat::new(x, n, l.d_in).t(), dy_m, true);
     if let Some(db) = &mut grad.bias {
         for row in dy.chunks_exact(l.d_out) {
             add_assign(db, row);

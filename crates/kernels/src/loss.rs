@@ -3,18 +3,14 @@
 use rayon::prelude::*;
 
 use crate::matmul::{Mat, matmul};
-use crate::simd::{exp, multiversion};
+use crate::simd::{exp_shifted_sum, max, multiversion};
 
 multiversion! {
     /// Softmax of one row of logits, in place; returns `-ln p[target]`.
     pub fn softmax_nll_row(row: &mut [f32], target: usize) -> f32 {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let max = max(row);
         let logit = row[target];
-        let mut total = 0.0;
-        for v in row.iter_mut() {
-            *v = exp(*v - max);
-            total += *v;
-        }
+        let total = exp_shifted_sum(row, max);
         let inv = 1.0 / total;
         for v in row.iter_mut() {
             *v *= inv;
@@ -32,13 +28,7 @@ pub fn forward(x: &[f32], wte: &[f32], targets: &[u32], probs: &mut [f32]) -> f3
     let n = targets.len();
     let v = probs.len() / n;
     let c = x.len() / n;
-    matmul(
-        probs,
-        Mat::new(x, n, c),
-        Mat::new(wte, v, c).t(),
-        false,
-        false,
-    );
+    matmul(probs, Mat::new(x, n, c), Mat::new(wte, v, c).t(), false);
     let mut nll = vec![0.0f32; n];
     probs
         .par_chunks_mut(v)
@@ -72,6 +62,6 @@ pub fn backward(
             row.iter_mut().for_each(|g| *g *= k);
         });
     let dlogits = Mat::new(probs, n, v);
-    matmul(dx, dlogits, Mat::new(wte, v, c), false, false); // (N, C)
-    matmul(dwte, dlogits.t(), Mat::new(x, n, c), true, false); // (V, C)
+    matmul(dx, dlogits, Mat::new(wte, v, c), false); // (N, C)
+    matmul(dwte, dlogits.t(), Mat::new(x, n, c), true); // (V, C)
 }

@@ -65,9 +65,8 @@ impl<'a> Mat<'a> {
 const PARALLEL_WORK: usize = 96 * 96 * 96;
 
 /// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
-/// Large products use all of rayon's threads unless `single_thread` (for callers already inside
-/// a parallel loop).
-pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool, single_thread: bool) {
+/// Large products use all of rayon's threads, unless called from one of them.
+pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
     assert_eq!(
@@ -75,7 +74,9 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool, single_thread: 
         m * n,
         "output does not match the product's shape"
     );
-    let parallelism = if single_thread || m * n * k < PARALLEL_WORK {
+    // Inside one of rayon's threads the caller already runs in parallel (see `step`).
+    let nested = rayon::current_thread_index().is_some();
+    let parallelism = if nested || m * n * k < PARALLEL_WORK {
         gemm::Parallelism::None
     } else {
         gemm::Parallelism::Rayon(0)
@@ -180,9 +181,9 @@ mod tests {
                 };
                 let want = naive(am, bm);
                 let mut out = vec![1.0; m * n];
-                matmul(&mut out, am, bm, false, false);
+                matmul(&mut out, am, bm, false);
                 assert_eq!(out, want, "ta={ta} tb={tb}");
-                matmul(&mut out, am, bm, true, false);
+                matmul(&mut out, am, bm, true);
                 let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
                 assert_eq!(out, twice, "accumulate, ta={ta} tb={tb}");
             }

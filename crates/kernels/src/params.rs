@@ -107,33 +107,57 @@ impl Params {
 
     /// Sets every value to zero, keeping the allocations.
     pub fn fill_zero(&mut self) {
-        self.for_each_mut(|v| v.fill(0.0));
+        for v in self.vectors_mut() {
+            v.fill(0.0);
+        }
     }
 
-    /// Calls `f` on every parameter vector, in a fixed order.
-    pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut Vec<f32>)) {
-        f(&mut self.wte);
-        f(&mut self.wpe);
-        let norm = |n: &mut Norm, f: &mut dyn FnMut(&mut Vec<f32>)| {
-            f(&mut n.gamma);
-            if let Some(b) = &mut n.beta {
-                f(b);
-            }
-        };
-        let linear = |l: &mut Linear, f: &mut dyn FnMut(&mut Vec<f32>)| {
-            f(&mut l.weight);
-            if let Some(b) = &mut l.bias {
-                f(b);
-            }
-        };
-        for b in &mut self.blocks {
-            norm(&mut b.ln_1, &mut f);
-            linear(&mut b.c_attn, &mut f);
-            linear(&mut b.attn_proj, &mut f);
-            norm(&mut b.ln_2, &mut f);
-            linear(&mut b.c_fc, &mut f);
-            linear(&mut b.mlp_proj, &mut f);
+    /// `self += other`, parameter by parameter.
+    pub fn add_assign(&mut self, other: &Params) {
+        for (a, b) in self.vectors_mut().into_iter().zip(other.vectors()) {
+            crate::simd::add_assign(a, b);
         }
-        norm(&mut self.ln_f, &mut f);
+    }
+
+    /// Every parameter vector, in a fixed order.
+    pub fn vectors(&self) -> Vec<&Vec<f32>> {
+        let mut out = vec![&self.wte, &self.wpe];
+        fn norm(n: &Norm) -> impl Iterator<Item = &Vec<f32>> {
+            std::iter::once(&n.gamma).chain(n.beta.as_ref())
+        }
+        fn linear(l: &Linear) -> impl Iterator<Item = &Vec<f32>> {
+            std::iter::once(&l.weight).chain(l.bias.as_ref())
+        }
+        for b in &self.blocks {
+            out.extend(norm(&b.ln_1));
+            out.extend(linear(&b.c_attn));
+            out.extend(linear(&b.attn_proj));
+            out.extend(norm(&b.ln_2));
+            out.extend(linear(&b.c_fc));
+            out.extend(linear(&b.mlp_proj));
+        }
+        out.extend(norm(&self.ln_f));
+        out
+    }
+
+    /// Every parameter vector, mutably, in the order of [`Params::vectors`].
+    pub fn vectors_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        let mut out = vec![&mut self.wte, &mut self.wpe];
+        fn norm(n: &mut Norm) -> impl Iterator<Item = &mut Vec<f32>> {
+            std::iter::once(&mut n.gamma).chain(n.beta.as_mut())
+        }
+        fn linear(l: &mut Linear) -> impl Iterator<Item = &mut Vec<f32>> {
+            std::iter::once(&mut l.weight).chain(l.bias.as_mut())
+        }
+        for b in &mut self.blocks {
+            out.extend(norm(&mut b.ln_1));
+            out.extend(linear(&mut b.c_attn));
+            out.extend(linear(&mut b.attn_proj));
+            out.extend(norm(&mut b.ln_2));
+            out.extend(linear(&mut b.c_fc));
+            out.extend(linear(&mut b.mlp_proj));
+        }
+        out.extend(norm(&mut self.ln_f));
+        out
     }
 }

@@ -42,7 +42,8 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding and subtracting it rounds to an integer
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -51,7 +52,9 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // n sits in the low mantissa bits of `shifted`: shifting them into the exponent field is
+    // 2^n, with integer operations only (a float-to-int cast would block vectorisation).
+    let scale = f32::from_bits(shifted.to_bits().wrapping_add(127) << 23);
     e * scale
 }
 
@@ -92,6 +95,32 @@ pub fn sum(x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// `max(x)` (-inf for an empty slice).
+#[inline(always)]
+pub fn max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for ch in chunks {
+        for i in 0..LANES {
+            acc[i] = acc[i].max(ch[i]);
+        }
+    }
+    acc.iter().fold(tail, |m, &v| m.max(v))
+}
+
+/// `x = exp(x - shift)` in place; returns the sum of the new values.
+#[inline(always)]
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    for v in x.iter_mut() {
+        *v = exp(*v - shift);
+    }
+    sum(x)
 }
 
 /// `sum(a * b)`.
