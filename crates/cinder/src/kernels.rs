@@ -51,6 +51,7 @@ impl KernelStep {
     /// Buffers for batches of `batch_size` sequences of `block_size` tokens, shared out among
     /// rayon's threads.
     pub fn new(model: &Gpt, batch_size: usize, block_size: usize) -> Self {
+        crate::keep_freed_memory();
         let params = params_of(model);
         let threads = rayon::current_num_threads();
         Self {

@@ -143,6 +143,17 @@ fn loss_and_gradients_match_burn_autodiff_on_sequences_shorter_than_the_context(
     });
 }
 
+#[test]
+fn loss_and_gradients_match_burn_autodiff_over_several_attention_blocks() {
+    // The kernels compute attention in blocks of 64 queries against the keys they may see.
+    check_gradients(TrainConfig {
+        block_size: 150,
+        batch_size: 2,
+        n_layer: 1,
+        ..tiny_config()
+    });
+}
+
 #[derive(Default)]
 struct Losses(Vec<f32>);
 impl Observer for Losses {

@@ -1,6 +1,8 @@
 //! Causal multi-head self-attention on the fused `qkv` projection, one (sequence, head) pair per
 //! rayon task. The attention weights are kept for the backward pass.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::matmul::{Mat, matmul_into_strided};
@@ -80,19 +82,40 @@ pub fn forward(qkv: &[f32], s: Shape, att: &mut [f32], y: &mut [f32]) {
         let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
         let head = |part: usize| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1);
         let (q, k, v) = (head(0), head(1), head(2));
-        // SAFETY (both calls): p is this task's own [T, T] block; y's block for (b, h) is rows
-        // b*T.., columns h*hs.., which no other task writes.
-        unsafe {
-            matmul_into_strided(p.as_mut_ptr(), (t, 1), q, k.t(), false); // (T, T) scores
-        }
-        for (i, row) in p.chunks_exact_mut(t).enumerate() {
-            causal_softmax_row(row, i, scale);
-        }
-        let y_bh = y_ptr.at(b * t * c + h * hs);
-        unsafe {
-            matmul_into_strided(y_bh, (c, 1), Mat::new(p, t, t), v, false); // (T, hs)
+        // Row block by row block, each against the keys it may see: the blocks above the
+        // diagonal are never computed.
+        for rows in row_blocks(t) {
+            let seen = rows.end; // keys 0..seen
+            // SAFETY: p is this task's own [T, T] block; the scores go to its rows `rows`,
+            // columns 0..seen.
+            unsafe {
+                matmul_into_strided(
+                    p[rows.start * t..].as_mut_ptr(),
+                    (t, 1),
+                    q.rows(rows.clone()),
+                    k.rows(0..seen).t(),
+                    false,
+                ); // (rows, seen) scores
+            }
+            for i in rows.clone() {
+                causal_softmax_row(&mut p[i * t..(i + 1) * t], i, scale);
+            }
+            let weights = Mat::new(p, t, t).rows(rows.clone()).cols(0..seen);
+            let y_rows = y_ptr.at((b * t + rows.start) * c + h * hs);
+            // SAFETY: y's block for (b, h) is rows b*T.., columns h*hs.., which no other task
+            // writes.
+            unsafe {
+                matmul_into_strided(y_rows, (c, 1), weights, v.rows(0..seen), false); // (rows, hs)
+            }
         }
     });
+}
+
+/// Rows of the score matrix handled together: big enough for efficient products, small
+/// enough that little of the masked upper triangle is computed.
+fn row_blocks(t: usize) -> impl Iterator<Item = Range<usize>> {
+    const BLOCK: usize = 64;
+    (0..t.div_ceil(BLOCK)).map(move |i| i * BLOCK..((i + 1) * BLOCK).min(t))
 }
 
 /// Backward of [`forward`]: writes `dqkv` from `dy` and the saved weights `att`.
@@ -113,20 +136,61 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
             let (q, k, v) = (head(0), head(1), head(2));
             let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
             let p = Mat::new(p, t, t);
-            let d_part = |part: usize| d_ptr.at(b * t * 3 * c + part * c + h * hs);
-            // SAFETY: dp is this task's scratch; the dqkv blocks written (rows b*T.., columns
-            // h*hs.. of the q, k and v parts) belong to (b, h) alone.
-            unsafe {
-                matmul_into_strided(dp.as_mut_ptr(), (t, 1), dy_bh, v.t(), false); // dP (T, T)
-                matmul_into_strided(d_part(2), (3 * c, 1), p.t(), dy_bh, false); // dV = Pᵀ dY
-            }
-            for (i, row) in dp.chunks_exact_mut(t).enumerate() {
-                softmax_backward_row(&p.data[i * t..(i + 1) * t], row, i, scale);
+            let d_part =
+                |part: usize, row: usize| d_ptr.at((b * t + row) * 3 * c + part * c + h * hs);
+            // dP = dY Vᵀ and dS, row block by row block (entries above the diagonal are 0).
+            for rows in row_blocks(t) {
+                let seen = rows.end;
+                // SAFETY: dp is this task's scratch.
+                unsafe {
+                    matmul_into_strided(
+                        dp[rows.start * t..].as_mut_ptr(),
+                        (t, 1),
+                        dy_bh.rows(rows.clone()),
+                        v.rows(0..seen).t(),
+                        false,
+                    );
+                }
+                for i in rows {
+                    softmax_backward_row(
+                        &p.data[i * t..(i + 1) * t],
+                        &mut dp[i * t..(i + 1) * t],
+                        i,
+                        scale,
+                    );
+                }
             }
             let ds = Mat::new(dp, t, t);
-            unsafe {
-                matmul_into_strided(d_part(0), (3 * c, 1), ds, k, false); // dQ = dS K
-                matmul_into_strided(d_part(1), (3 * c, 1), ds.t(), q, false); // dK = dSᵀ Q
+            // SAFETY: the dqkv blocks written (rows b*T.., columns h*hs.. of the q, k and v
+            // parts) belong to (b, h) alone.
+            for block in row_blocks(t) {
+                let seen = block.end;
+                let later = block.start..t; // the queries that see keys of this block
+                unsafe {
+                    // dQ = dS K for the block's queries.
+                    matmul_into_strided(
+                        d_part(0, block.start),
+                        (3 * c, 1),
+                        ds.rows(block.clone()).cols(0..seen),
+                        k.rows(0..seen),
+                        false,
+                    );
+                    // dK = dSᵀ Q and dV = Pᵀ dY for the block's keys.
+                    matmul_into_strided(
+                        d_part(1, block.start),
+                        (3 * c, 1),
+                        ds.rows(later.clone()).cols(block.clone()).t(),
+                        q.rows(later.clone()),
+                        false,
+                    );
+                    matmul_into_strided(
+                        d_part(2, block.start),
+                        (3 * c, 1),
+                        p.rows(later.clone()).cols(block.clone()).t(),
+                        dy_bh.rows(later),
+                        false,
+                    );
+                }
             }
         },
     );

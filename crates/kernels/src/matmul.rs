@@ -44,6 +44,26 @@ impl<'a> Mat<'a> {
         }
     }
 
+    /// Rows `r` of this matrix, as a view.
+    pub fn rows(self, r: std::ops::Range<usize>) -> Self {
+        assert!(r.start <= r.end && r.end <= self.rows, "rows out of range");
+        let data = if r.is_empty() {
+            &self.data[..0]
+        } else {
+            &self.data[r.start * self.row_stride..]
+        };
+        Self {
+            data,
+            rows: r.len(),
+            ..self
+        }
+    }
+
+    /// Columns `r` of this matrix, as a view.
+    pub fn cols(self, r: std::ops::Range<usize>) -> Self {
+        self.t().rows(r).t()
+    }
+
     /// The transpose, as a view.
     pub fn t(self) -> Self {
         Self {
