@@ -1,29 +1,39 @@
-//! The training step on `cinder-kernels`: the Burn model's weights are read into vectors, the
-//! hand-written forward and backward passes run over them, and the gradients go back into
-//! Burn's optimizer as [`GradientsParams`]. The optimizer, the checkpoints and everything else
-//! stay Burn's, so a run is the same run whichever path computed its gradients.
+//! Training on `cinder-kernels`: the hand-written forward and backward passes, AdamW and
+//! gradient clipping run over plain vectors, which hold the weights and the optimizer state
+//! during training. The Burn model is updated from them after every step (evaluation,
+//! sampling and checkpoints use it as before), and Burn's optimizer receives their state before
+//! every checkpoint, in its own record format: a checkpoint is the same whichever engine wrote
+//! it, and either engine can resume it.
 
-use burn::module::Param;
+use std::collections::HashMap;
+
+use burn::module::{ModuleMapper, Param, ParamId};
 use burn::nn::{LayerNorm, Linear};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
+use burn_pack::{Reader, Scalar, Writer};
 use cinder_data::Batch;
-use cinder_kernels::{self as k, Dims, Params, Step};
+use cinder_kernels::{AdamState, AdamW, Dims, Params, Step, clip_global_norm};
 use cinder_model::Gpt;
 
 use crate::config::TrainConfig;
 
-/// Which code computes the training step's gradients.
+/// Which code computes the training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Engine {
     /// The hand-written kernels where they apply (a CPU backend, no dropout), else Burn.
     #[default]
     Auto,
-    /// Burn's autodiff, always.
+    /// Burn's autodiff and optimizer, always.
     Burn,
     /// The hand-written kernels; an error where they do not apply.
     Kernels,
 }
+
+/// Why the optimizer state could not be moved between Burn and the kernels.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot move the optimizer state between Burn and the kernels: {0}")]
+pub struct StateError(String);
 
 /// Why the kernels cannot run a configuration, if they cannot.
 pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
@@ -41,34 +51,98 @@ pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
     }
 }
 
-/// Buffers of the hand-written step, allocated once per run.
+/// A run's weights, optimizer state and buffers on the kernels.
 pub struct KernelStep {
     params: Params,
+    adamw: AdamW,
+    state: AdamState,
     step: Step,
+    /// The Burn parameters, in the order of [`Params::vectors`].
+    infos: Vec<ParamInfo>,
+}
+
+/// What a record needs to know of one parameter.
+struct ParamInfo {
+    id: ParamId,
+    /// Module path, as Burn records it: `blocks.0.attn.c_attn.weight`.
+    path: String,
+    dims: Vec<usize>,
 }
 
 impl KernelStep {
-    /// Buffers for batches of `batch_size` sequences of `block_size` tokens, shared out among
-    /// rayon's threads.
-    pub fn new(model: &Gpt, batch_size: usize, block_size: usize) -> Self {
+    /// Takes over `model`'s weights and `optim`'s state (empty before the first step), for
+    /// batches of `batch_size` sequences of `block_size` tokens shared out among rayon's threads.
+    pub fn new(
+        model: &Gpt,
+        optim: &ModuleOptimizer,
+        config: &TrainConfig,
+    ) -> Result<Self, StateError> {
         crate::keep_freed_memory();
         let params = params_of(model);
+        let infos = burn_params(model)
+            .into_iter()
+            .map(|(path, p)| ParamInfo {
+                id: p.id(),
+                path,
+                dims: p.dims(),
+            })
+            .collect();
         let threads = rayon::current_num_threads();
-        Self {
-            step: Step::new(&params, batch_size, block_size, threads),
+        let mut this = Self {
+            step: Step::new(&params, config.batch_size, config.block_size, threads),
+            state: AdamState::new(&params),
+            adamw: AdamW {
+                beta_1: config.beta1 as f32,
+                beta_2: config.beta2 as f32,
+                epsilon: 1e-8,
+                weight_decay: config.weight_decay as f32,
+            },
             params,
-        }
+            infos,
+        };
+        this.read_optimizer(optim)?;
+        Ok(this)
     }
 
-    /// Mean loss over `batches` (micro-batches of one step) and the gradient of that mean, as
-    /// Burn's autodiff would give them for `model`, on `device`.
-    pub fn run(
+    /// One optimizer step over `batches` (the micro-batches of one iteration): returns their
+    /// mean loss.
+    pub fn train_step(&mut self, batches: &[Batch], lr: f64, grad_clip: f64) -> f32 {
+        let loss = self.accumulate(batches);
+        let grads = self.step.gradients();
+        if grad_clip > 0.0 {
+            clip_global_norm(grads, grad_clip as f32);
+        }
+        self.adamw
+            .step(lr, &mut self.params, grads, &mut self.state);
+        loss
+    }
+
+    /// Mean loss over `batches` for `model`'s weights and its gradient, as Burn's autodiff
+    /// would give them (the weights are taken from `model` first).
+    pub fn gradients(
         &mut self,
         model: &Gpt,
         batches: &[Batch],
         device: &Device,
     ) -> (f32, GradientsParams) {
         copy_params(model, &mut self.params);
+        let loss = self.accumulate(batches);
+        let grads = self.step.gradients();
+        let mut out = GradientsParams::new();
+        for (p, (info, g)) in burn_params(model)
+            .into_iter()
+            .zip(self.infos.iter().zip(grads.vectors()))
+        {
+            let data = TensorData::new(g.clone(), info.dims.clone());
+            match p.1 {
+                ParamRef::One(p) => out.register(p.id, Tensor::<1>::from_data(data, device)),
+                ParamRef::Two(p) => out.register(p.id, Tensor::<2>::from_data(data, device)),
+            }
+        }
+        (loss, out)
+    }
+
+    fn accumulate(&mut self, batches: &[Batch]) -> f32 {
         self.step.zero_grad();
         let scale = 1.0 / batches.len() as f32;
         let mut loss = 0.0;
@@ -78,7 +152,122 @@ impl KernelStep {
                 .accumulate(&self.params, &b.inputs, &b.targets, scale)
                 * scale;
         }
-        (loss, gradients(model, self.step.gradients(), device))
+        loss
+    }
+
+    /// `model` with the kernels' weights (same parameter ids).
+    pub fn write_model(&self, model: Gpt) -> Gpt {
+        struct Write<'a> {
+            values: HashMap<ParamId, &'a Vec<f32>>,
+        }
+        impl ModuleMapper for Write<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let Some(values) = self.values.get(&param.id) else {
+                    return param;
+                };
+                let values = (*values).clone();
+                param.map(|t| {
+                    let grad = t.is_require_grad();
+                    let data = TensorData::new(values, t.dims());
+                    let new = Tensor::<D>::from_data(data, &t.device());
+                    if grad { new.require_grad() } else { new }
+                })
+            }
+        }
+        let values = self
+            .infos
+            .iter()
+            .map(|i| i.id)
+            .zip(self.params.vectors())
+            .collect();
+        model.map(&mut Write { values })
+    }
+
+    /// `optim` (a fresh Burn AdamW for the model) loaded with the kernels' optimizer state.
+    pub fn write_optimizer(&self, optim: ModuleOptimizer) -> Result<ModuleOptimizer, StateError> {
+        let err = |e: &dyn std::fmt::Display| StateError(e.to_string());
+        if self.state.time == 0 {
+            return Ok(optim);
+        }
+        let mut tensors = Vec::new();
+        let mut writer_scalars = Vec::new();
+        let moments = self.state.moment_1.vectors();
+        let seconds = self.state.moment_2.vectors();
+        for ((info, m), v) in self.infos.iter().zip(moments).zip(seconds) {
+            let id = info.id.val();
+            for (leaf, values) in [("moment_1", m), ("moment_2", v)] {
+                let data = TensorData::new(values.clone(), info.dims.clone());
+                let (bytes, shape, dtype) = data.into_parts();
+                let name = format!("{id}.momentum.{leaf}");
+                tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+            }
+            writer_scalars.push((format!("{id}.__rank"), info.dims.len() as u64));
+            writer_scalars.push((format!("{id}.momentum.time"), self.state.time as u64));
+        }
+        let mut writer = Writer::new(tensors);
+        for (key, value) in &writer_scalars {
+            writer = writer.with_scalar(key, Scalar::UInt(*value));
+        }
+        for info in &self.infos {
+            writer = writer.with_metadata(&info.id.val().to_string(), &info.path);
+        }
+        let bytes = writer.into_bytes().map_err(|e| err(&e))?;
+        optim.from_bytes(bytes).map_err(|e| err(&e))
+    }
+
+    /// Takes Burn's optimizer state for the model's parameters, if it has any.
+    fn read_optimizer(&mut self, optim: &ModuleOptimizer) -> Result<(), StateError> {
+        let err = |e: &dyn std::fmt::Display| StateError(e.to_string());
+        let bytes = optim.into_bytes().map_err(|e| err(&e))?;
+        let reader = Reader::from_bytes(bytes).map_err(|e| err(&e))?;
+        let scalars = reader.scalars().clone();
+        let mut tensors = HashMap::new();
+        for t in reader.into_tensors().map_err(|e| err(&e))? {
+            let (name, dtype, shape, _, bytes) = t.into_parts().map_err(|e| err(&e))?;
+            let values = TensorData::from_bytes(bytes, shape, dtype)
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| err(&format!("{e:?}")))?;
+            tensors.insert(name, values);
+        }
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        let mut time = None;
+        let moments = self.state.moment_1.vectors_mut();
+        let seconds = self.state.moment_2.vectors_mut();
+        for ((info, m), v) in self.infos.iter().zip(moments).zip(seconds) {
+            let id = info.id.val();
+            let t = match scalars.get(&format!("{id}.momentum.time")) {
+                Some(Scalar::UInt(t)) => *t as usize,
+                other => {
+                    return Err(StateError(format!(
+                        "no step count for {} ({other:?})",
+                        info.path
+                    )));
+                }
+            };
+            if *time.get_or_insert(t) != t {
+                return Err(StateError(format!(
+                    "{} has taken {t} steps, others {time:?}",
+                    info.path
+                )));
+            }
+            for (leaf, dst) in [("moment_1", m), ("moment_2", v)] {
+                let src = tensors
+                    .remove(&format!("{id}.momentum.{leaf}"))
+                    .ok_or_else(|| StateError(format!("no {leaf} for {}", info.path)))?;
+                if src.len() != dst.len() {
+                    return Err(StateError(format!(
+                        "{leaf} of {} has the wrong size",
+                        info.path
+                    )));
+                }
+                *dst = src;
+            }
+        }
+        self.state.time = time.unwrap_or(0);
+        Ok(())
     }
 }
 
@@ -102,66 +291,65 @@ pub fn params_of(model: &Gpt) -> Params {
     p
 }
 
-/// Pairs each Burn parameter with its vector in `p`, in one place for both directions.
-fn zip_params(model: &Gpt, p: &mut Params, f: &mut dyn FnMut(Tensor1or2, &mut Vec<f32>)) {
-    f(Tensor1or2::Two(&model.wte.weight), &mut p.wte);
-    f(Tensor1or2::Two(&model.wpe.weight), &mut p.wpe);
-    let norm = |n: &LayerNorm, v: &mut k::Norm, f: &mut dyn FnMut(Tensor1or2, &mut Vec<f32>)| {
-        f(Tensor1or2::One(&n.gamma), &mut v.gamma);
-        if let (Some(b), Some(vb)) = (&n.beta, &mut v.beta) {
-            f(Tensor1or2::One(b), vb);
-        }
-    };
-    let linear = |l: &Linear, v: &mut k::Linear, f: &mut dyn FnMut(Tensor1or2, &mut Vec<f32>)| {
-        f(Tensor1or2::Two(&l.weight), &mut v.weight);
-        if let (Some(b), Some(vb)) = (&l.bias, &mut v.bias) {
-            f(Tensor1or2::One(b), vb);
-        }
-    };
-    for (b, v) in model.blocks.iter().zip(&mut p.blocks) {
-        norm(&b.ln_1, &mut v.ln_1, f);
-        linear(&b.attn.c_attn, &mut v.c_attn, f);
-        linear(&b.attn.c_proj, &mut v.attn_proj, f);
-        norm(&b.ln_2, &mut v.ln_2, f);
-        linear(&b.mlp.c_fc, &mut v.c_fc, f);
-        linear(&b.mlp.c_proj, &mut v.mlp_proj, f);
+fn copy_params(model: &Gpt, p: &mut Params) {
+    for ((_, param), v) in burn_params(model).into_iter().zip(p.vectors_mut()) {
+        let data = match param {
+            ParamRef::One(t) => t.val().into_data(),
+            ParamRef::Two(t) => t.val().into_data(),
+        };
+        v.copy_from_slice(data.as_slice::<f32>().expect("cinder's parameters are f32"));
     }
-    norm(&model.ln_f, &mut p.ln_f, f);
 }
 
 /// A parameter of rank 1 or 2.
-enum Tensor1or2<'a> {
+enum ParamRef<'a> {
     One(&'a Param<Tensor<1>>),
     Two(&'a Param<Tensor<2>>),
 }
 
-fn copy_params(model: &Gpt, p: &mut Params) {
-    zip_params(model, p, &mut |t, v| {
-        let data = match t {
-            Tensor1or2::One(t) => t.val().into_data(),
-            Tensor1or2::Two(t) => t.val().into_data(),
-        };
-        let src = data.as_slice::<f32>().expect("cinder's parameters are f32");
-        v.copy_from_slice(src);
-    });
+impl ParamRef<'_> {
+    fn id(&self) -> ParamId {
+        match self {
+            ParamRef::One(p) => p.id,
+            ParamRef::Two(p) => p.id,
+        }
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        match self {
+            ParamRef::One(p) => p.val().dims().to_vec(),
+            ParamRef::Two(p) => p.val().dims().to_vec(),
+        }
+    }
 }
 
-/// `grads` as Burn gradients of `model`'s parameters, on `device`.
-fn gradients(model: &Gpt, grads: &Params, device: &Device) -> GradientsParams {
-    let mut out = GradientsParams::new();
-    let mut grads = grads.clone();
-    zip_params(model, &mut grads, &mut |t, v| {
-        let values = std::mem::take(v);
-        match t {
-            Tensor1or2::One(p) => {
-                let g = Tensor::<1>::from_data(TensorData::new(values, p.val().dims()), device);
-                out.register(p.id, g);
-            }
-            Tensor1or2::Two(p) => {
-                let g = Tensor::<2>::from_data(TensorData::new(values, p.val().dims()), device);
-                out.register(p.id, g);
-            }
+/// The model's parameters with their module paths, in the order of [`Params::vectors`].
+fn burn_params(model: &Gpt) -> Vec<(String, ParamRef<'_>)> {
+    let mut out = vec![
+        ("wte.weight".to_string(), ParamRef::Two(&model.wte.weight)),
+        ("wpe.weight".to_string(), ParamRef::Two(&model.wpe.weight)),
+    ];
+    fn norm<'a>(out: &mut Vec<(String, ParamRef<'a>)>, path: &str, n: &'a LayerNorm) {
+        out.push((format!("{path}.gamma"), ParamRef::One(&n.gamma)));
+        if let Some(b) = &n.beta {
+            out.push((format!("{path}.beta"), ParamRef::One(b)));
         }
-    });
+    }
+    fn linear<'a>(out: &mut Vec<(String, ParamRef<'a>)>, path: &str, l: &'a Linear) {
+        out.push((format!("{path}.weight"), ParamRef::Two(&l.weight)));
+        if let Some(b) = &l.bias {
+            out.push((format!("{path}.bias"), ParamRef::One(b)));
+        }
+    }
+    for (i, b) in model.blocks.iter().enumerate() {
+        let p = format!("blocks.{i}");
+        norm(&mut out, &format!("{p}.ln_1"), &b.ln_1);
+        linear(&mut out, &format!("{p}.attn.c_attn"), &b.attn.c_attn);
+        linear(&mut out, &format!("{p}.attn.c_proj"), &b.attn.c_proj);
+        norm(&mut out, &format!("{p}.ln_2"), &b.ln_2);
+        linear(&mut out, &format!("{p}.mlp.c_fc"), &b.mlp.c_fc);
+        linear(&mut out, &format!("{p}.mlp.c_proj"), &b.mlp.c_proj);
+    }
+    norm(&mut out, "ln_f", &model.ln_f);
     out
 }

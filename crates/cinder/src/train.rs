@@ -14,7 +14,7 @@ use crate::config::TrainConfig;
 use crate::data::batch_tensors;
 use crate::device::Backend;
 use crate::eval;
-use crate::kernels::{Engine, KernelStep, unsupported};
+use crate::kernels::{Engine, KernelStep, StateError, unsupported};
 use crate::loss::cross_entropy;
 use crate::optim::{adamw, clip_global_norm};
 use crate::schedule::learning_rate;
@@ -37,6 +37,8 @@ pub enum TrainError {
     Model(#[from] cinder_model::ConfigError),
     #[error("--engine kernels cannot run this run: {0}. Use --engine auto or --engine burn")]
     EngineUnsupported(String),
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 /// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
@@ -183,15 +185,17 @@ impl Trainer {
     /// Chooses the code that computes gradients. The two give the same losses and gradients up
     /// to float rounding (tested), so a run may change engine on resume.
     pub fn with_engine(mut self, engine: Engine) -> Result<Self, TrainError> {
+        if let Some(k) = self.kernels.take() {
+            // Burn's optimizer takes the state over.
+            self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
+        }
         let why_not = unsupported(&self.config, self.backend.name);
         self.kernels = match (engine, why_not) {
             (Engine::Burn, _) | (Engine::Auto, Some(_)) => None,
             (Engine::Kernels, Some(why)) => return Err(TrainError::EngineUnsupported(why)),
-            (Engine::Auto | Engine::Kernels, None) => Some(KernelStep::new(
-                &self.model,
-                self.config.batch_size,
-                self.config.block_size,
-            )),
+            (Engine::Auto | Engine::Kernels, None) => {
+                Some(KernelStep::new(&self.model, &self.optim, &self.config)?)
+            }
         };
         Ok(self)
     }
@@ -270,15 +274,24 @@ impl Trainer {
         let accum = c.gradient_accumulation_steps;
         let tokens = self.splits.get(Split::Train);
 
-        let mut loss_sum = 0.0f32;
-        let mut grads = if let Some(kernels) = &mut self.kernels {
+        let lr = learning_rate(c, it);
+        if let Some(kernels) = &mut self.kernels {
             let batches: Vec<_> = (0..accum as u64)
                 .map(|micro| batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro))
                 .collect();
-            let (loss, grads) = kernels.run(&self.model, &batches, &self.backend.device);
-            loss_sum = loss;
-            grads
-        } else if accum == 1 {
+            let loss = kernels.train_step(&batches, lr, c.grad_clip);
+            self.model = kernels.write_model(self.model.clone());
+            self.iter += 1;
+            return StepReport {
+                iter: it,
+                loss,
+                lr,
+                seconds: start.elapsed().as_secs_f64(),
+                tokens: c.tokens_per_iter(),
+            };
+        }
+        let mut loss_sum = 0.0f32;
+        let mut grads = if accum == 1 {
             let batch = batcher.batch(tokens, Split::Train, 0, it);
             let (x, y) = batch_tensors(&batch, &device);
             let loss = cross_entropy(self.model.forward(x), y);
@@ -301,7 +314,6 @@ impl Trainer {
         if c.grad_clip > 0.0 {
             clip_global_norm(&self.model, &mut grads, c.grad_clip);
         }
-        let lr = learning_rate(c, it);
         self.model = self.optim.step(lr, self.model.clone(), grads);
         self.iter += 1;
         StepReport {
@@ -346,11 +358,14 @@ impl Trainer {
 
     /// Writes the checkpoint `name` of the run folder.
     fn save(
-        &self,
+        &mut self,
         name: &str,
         val_loss: Option<f32>,
         observer: &mut dyn Observer,
     ) -> Result<(), TrainError> {
+        if let Some(k) = &self.kernels {
+            self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
+        }
         let dir = self.out_dir.join(name);
         let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
         meta.data_path = self.data_path.clone();

@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use cinder::checkpoint;
 use cinder::config::TrainConfig;
 use cinder::data::{TrainingData, batch_tensors};
 use cinder::kernels::{Engine, KernelStep};
@@ -91,8 +92,8 @@ fn check_gradients(config: TrainConfig) {
         &GradientsParams::from_grads(loss.backward(), &model),
     );
 
-    let mut step = KernelStep::new(&model, config.batch_size, config.block_size);
-    let (kernel_loss, grads) = step.run(&model, std::slice::from_ref(&batch), &device);
+    let mut step = KernelStep::new(&model, &t.optim, &config).unwrap();
+    let (kernel_loss, grads) = step.gradients(&model, std::slice::from_ref(&batch), &device);
     let ours = flat(&model, &grads);
 
     assert!(
@@ -190,6 +191,69 @@ fn a_run_on_the_kernels_follows_the_same_path_as_on_burn() {
         assert!((a - b).abs() < 1e-4, "iteration {i}: kernels {a}, burn {b}");
     }
     assert!(burn[11] < burn[0] - 0.3, "the run learns: {burn:?}");
+}
+
+/// `first` trains to iteration 6 and writes its checkpoint; `second` resumes it to 12. Their
+/// losses against a straight 12-iteration run on the kernels.
+fn switch_engines(first: Engine, second: Engine) -> (Vec<f32>, Vec<f32>) {
+    let config = TrainConfig {
+        max_iters: 12,
+        eval_interval: 100,
+        checkpoint_interval: 100,
+        ..tiny_config()
+    };
+    let stop = AtomicBool::new(false);
+    let dir = tempfile::tempdir().unwrap();
+    let mut straight = Losses::default();
+    trainer(config.clone(), dir.path(), Engine::Kernels)
+        .unwrap()
+        .run(&mut straight, &stop)
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut halves = Losses::default();
+    let half = TrainConfig {
+        max_iters: 6,
+        ..config.clone()
+    };
+    let mut t = trainer(half, dir.path(), first).unwrap();
+    t.run(&mut halves, &stop).unwrap();
+    let ckpt = dir.path().join("run").join(cinder::train::LATEST);
+    let meta = checkpoint::load_meta(&ckpt).unwrap();
+    let mut t = Trainer::resume(
+        &ckpt,
+        &meta,
+        config.clone(),
+        common::backend(),
+        t.splits.clone(),
+        meta.data_path.clone(),
+        dir.path().join("run"),
+    )
+    .unwrap()
+    .with_engine(second)
+    .unwrap();
+    assert_eq!(t.iter, 6);
+    t.run(&mut halves, &stop).unwrap();
+    (straight.0, halves.0)
+}
+
+#[test]
+fn a_checkpoint_written_by_either_engine_resumes_on_the_other() {
+    let _serial = serial();
+    for (first, second) in [
+        (Engine::Kernels, Engine::Burn),
+        (Engine::Burn, Engine::Kernels),
+    ] {
+        let (straight, halves) = switch_engines(first, second);
+        assert_eq!(halves.len(), 12);
+        for (i, (a, b)) in halves.iter().zip(&straight).enumerate() {
+            // AdamW's state carried over: a fresh optimizer would be far off from iteration 6.
+            assert!(
+                (a - b).abs() < 1e-4,
+                "{first:?} then {second:?}, iteration {i}: {a} against {b}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -9,9 +9,11 @@
 //! - [`params`]: the parameters (and gradients) as vectors, in Burn's layouts
 //! - [`gpt`]: the model's forward and backward passes over a [`gpt::Tape`] of activations
 //! - [`step`]: a training step's passes, data-parallel over threads
+//! - [`adamw`]: the optimizer and gradient clipping
 //! - one module per layer kind: [`layernorm`], [`linear`], [`attention`], [`gelu`], [`loss`]
 //! - [`matmul`]: row-major products with transposes as strides; [`simd`]: vector dispatch, `exp`
 
+pub mod adamw;
 pub mod attention;
 pub mod gelu;
 pub mod gpt;
@@ -23,6 +25,7 @@ pub mod params;
 pub mod simd;
 pub mod step;
 
+pub use adamw::{AdamState, AdamW, clip_global_norm};
 pub use gpt::{Tape, backward, forward};
 pub use params::{BlockParams, Dims, Linear, Norm, Params};
 pub use step::Step;

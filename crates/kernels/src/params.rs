@@ -140,6 +140,24 @@ impl Params {
         out
     }
 
+    /// For each vector of [`Params::vectors`]: whether it is a matrix (embeddings and linear
+    /// weights: weight decay applies) rather than a bias or a LayerNorm parameter.
+    pub fn is_matrix(&self) -> Vec<bool> {
+        let mut out = vec![true, true];
+        let norm = |n: &Norm| [Some(false), n.beta.as_ref().map(|_| false)];
+        let linear = |l: &Linear| [Some(true), l.bias.as_ref().map(|_| false)];
+        for b in &self.blocks {
+            out.extend(norm(&b.ln_1).into_iter().flatten());
+            out.extend(linear(&b.c_attn).into_iter().flatten());
+            out.extend(linear(&b.attn_proj).into_iter().flatten());
+            out.extend(norm(&b.ln_2).into_iter().flatten());
+            out.extend(linear(&b.c_fc).into_iter().flatten());
+            out.extend(linear(&b.mlp_proj).into_iter().flatten());
+        }
+        out.extend(norm(&self.ln_f).into_iter().flatten());
+        out
+    }
+
     /// Every parameter vector, mutably, in the order of [`Params::vectors`].
     pub fn vectors_mut(&mut self) -> Vec<&mut Vec<f32>> {
         let mut out = vec![&mut self.wte, &mut self.wpe];

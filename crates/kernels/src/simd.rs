@@ -4,12 +4,12 @@
 //! The crate is compiled for the baseline x86-64 (SSE2). [`multiversion!`] compiles a function's
 //! body three times, for AVX-512, AVX2+FMA and the baseline, and picks one at run time.
 
-/// Defines `pub fn $name(args) -> ret` whose body is compiled for AVX-512, AVX2+FMA and the
+/// Defines `fn $name(args) -> ret` whose body is compiled for AVX-512, AVX2+FMA and the
 /// baseline, the best one the CPU has being chosen at each call (the check is a cached load).
 macro_rules! multiversion {
-    ($(#[$meta:meta])* pub fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn generic($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]

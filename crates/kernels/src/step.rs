@@ -65,7 +65,7 @@ impl Step {
     }
 
     /// The step's gradients: the shares' sums, in share order.
-    pub fn gradients(&mut self) -> &Params {
+    pub fn gradients(&mut self) -> &mut Params {
         let (first, rest) = self.grads.split_first_mut().expect("at least one share");
         for g in rest.iter() {
             first.add_assign(g);
