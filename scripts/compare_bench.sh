@@ -19,9 +19,13 @@ case $which in
 esac
 echo "# $(date -u +%FT%TZ) $(lscpu | sed -n 's/^Model name: *//p'), $threads cores, config $which"
 log=$(mktemp)
+# Peak resident memory of each process, measured the same way for both (GNU time's %M).
+rss() { /usr/bin/time -f '{"maxrss_kb": %M}' -a -o "$log" "$@"; }
 for i in $(seq "$rounds"); do
-  ./target/release/bench "${ours[@]}" train --steps "$steps" | tee -a "$log"
-  python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" "${theirs[@]}" bench --steps "$steps" | tee -a "$log"
+  rss ./target/release/bench "${ours[@]}" train --steps "$steps" | tee -a "$log"
+  sed -i '$s/}$/, "impl": "cinder"}/' "$log"
+  rss python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" "${theirs[@]}" bench --steps "$steps" | tee -a "$log"
+  sed -i '$s/}$/, "impl": "pytorch"}/' "$log"
 done
 python3 - "$log" <<'PY'
 import json, statistics, sys
@@ -32,5 +36,7 @@ def med(impl_prefix, key):
 c, t = med("cinder", "tokens_per_s"), med("pytorch", "tokens_per_s")
 print(f"median ms/iter: cinder {med('cinder', 'ms_per_iter')}, pytorch {med('pytorch', 'ms_per_iter')}")
 print(f"median tokens/s: cinder {c}, pytorch {t}; ratio cinder/pytorch = {c / t:.2f}")
-print(f"cinder peak RSS MB {med('cinder', 'peak_rss_mb')}, MFU {med('cinder', 'mfu')}")
+mem = lambda p: med(p, "maxrss_kb") / 1024
+print(f"median peak RSS MB (GNU time): cinder {mem('cinder'):.0f}, pytorch {mem('pytorch'):.0f}")
+print(f"cinder MFU {med('cinder', 'mfu')}")
 PY

@@ -108,8 +108,11 @@ pub struct Trainer {
     pub backend: Backend,
     pub tokenizer: CharTokenizer,
     pub splits: Splits,
-    /// The model on the autodiff device.
-    pub model: Gpt,
+    /// The model on the autodiff device (behind the kernels' weights until [`Trainer::model`]
+    /// brings it up to date).
+    model: Gpt,
+    /// Whether the kernels' weights have moved on since `model` was last written.
+    model_stale: bool,
     pub optim: ModuleOptimizer,
     /// Iterations completed.
     pub iter: u64,
@@ -148,6 +151,7 @@ impl Trainer {
             data_path,
             out_dir,
             kernels: None,
+            model_stale: false,
         }
         .with_engine(Engine::Auto)
     }
@@ -178,6 +182,7 @@ impl Trainer {
             data_path,
             out_dir,
             kernels: None,
+            model_stale: false,
         }
         .with_engine(Engine::Auto)
     }
@@ -185,6 +190,7 @@ impl Trainer {
     /// Chooses the code that computes gradients. The two give the same losses and gradients up
     /// to float rounding (tested), so a run may change engine on resume.
     pub fn with_engine(mut self, engine: Engine) -> Result<Self, TrainError> {
+        self.sync_model();
         if let Some(k) = self.kernels.take() {
             // Burn's optimizer takes the state over.
             self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
@@ -198,6 +204,23 @@ impl Trainer {
             }
         };
         Ok(self)
+    }
+
+    /// The model with the latest weights.
+    pub fn model(&mut self) -> &Gpt {
+        self.sync_model();
+        &self.model
+    }
+
+    /// Writes the kernels' weights into the Burn model, if they have moved on. Done when the
+    /// model is needed (evaluation, checkpoints, [`Trainer::model`]), not after every step.
+    fn sync_model(&mut self) {
+        if let Some(k) = &self.kernels
+            && self.model_stale
+        {
+            self.model = k.write_model(self.model.clone());
+        }
+        self.model_stale = false;
     }
 
     /// The engine computing gradients: `"kernels"` or `"burn"`.
@@ -280,7 +303,7 @@ impl Trainer {
                 .map(|micro| batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro))
                 .collect();
             let loss = kernels.train_step(&batches, lr, c.grad_clip);
-            self.model = kernels.write_model(self.model.clone());
+            self.model_stale = true;
             self.iter += 1;
             return StepReport {
                 iter: it,
@@ -327,7 +350,12 @@ impl Trainer {
 
     /// Mean loss on both splits over `eval_iters` batches, in inference mode; `None` if `stop`
     /// was set meanwhile.
-    pub fn evaluate(&self, observer: &mut dyn Observer, stop: &AtomicBool) -> Option<EvalReport> {
+    pub fn evaluate(
+        &mut self,
+        observer: &mut dyn Observer,
+        stop: &AtomicBool,
+    ) -> Option<EvalReport> {
+        self.sync_model();
         let model = self.model.valid();
         let device = &self.backend.device;
         let c = &self.config;
@@ -363,6 +391,7 @@ impl Trainer {
         val_loss: Option<f32>,
         observer: &mut dyn Observer,
     ) -> Result<(), TrainError> {
+        self.sync_model();
         if let Some(k) = &self.kernels {
             self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
         }

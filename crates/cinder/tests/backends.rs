@@ -76,8 +76,8 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
 
     // Forward pass.
     let ids: Vec<u32> = (0..32).map(|i| (i * 7 % 30) as u32).collect();
-    let logits = |t: &Trainer, b: &Backend| -> Vec<f32> {
-        let model = t.model.valid();
+    let logits = |t: &mut Trainer, b: &Backend| -> Vec<f32> {
+        let model = t.model().valid();
         let x = ids_tensor(&ids, [2, 16], &b.device);
         model
             .forward(x)
@@ -86,7 +86,7 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
             .try_to_vec::<f32>()
             .unwrap()
     };
-    let diff = max_diff(&logits(&on_cpu, &cpu), &logits(&on_gpu, &gpu));
+    let diff = max_diff(&logits(&mut on_cpu, &cpu), &logits(&mut on_gpu, &gpu));
     assert!(diff < 1e-4, "logits differ by {diff}");
 
     // A few training steps from identical weights and batches.

@@ -75,7 +75,7 @@ fn check_gradients(config: TrainConfig) {
     for _ in 0..3 {
         t.step();
     }
-    let model = t.model.clone();
+    let model = t.model().clone();
     let device = t.backend.device.clone();
     let batch = Batcher::new(7, config.batch_size, config.block_size).batch(
         t.splits.get(Split::Train),

@@ -92,11 +92,11 @@ fn tiny_model_overfits_one_batch() {
         learning_rate: 3e-3,
         ..tiny_config()
     };
-    let t = trainer(config.clone(), dir.path(), "run");
+    let mut t = trainer(config.clone(), dir.path(), "run");
     let device = t.backend.device.clone().autodiff();
     let batch = Batcher::new(1, 4, 16).batch(t.splits.get(Split::Train), Split::Train, 0, 0);
     let (x, y) = batch_tensors(&batch, &device);
-    let mut model = t.model.clone();
+    let mut model = t.model().clone();
     let mut optim = adamw(&config, &model);
     let mut loss = f32::INFINITY;
     for _ in 0..300 {
@@ -177,8 +177,8 @@ fn check_exact_resume(config: TrainConfig, engine: &str) {
         "every logged loss is bit-identical"
     );
     assert_eq!(
-        weights(&second.model),
-        weights(&straight.model),
+        weights(second.model()),
+        weights(straight.model()),
         "final weights are identical"
     );
 }
@@ -210,19 +210,19 @@ fn checkpoint_round_trip_keeps_weights_and_optimizer_state() {
     t.run(&mut (), &AtomicBool::new(true)).unwrap(); // saves latest/ at iteration 3
     let ckpt = dir.path().join("run").join(LATEST);
     let mut loaded = resumed(|_| {}, dir.path(), &ckpt, "run");
-    assert_eq!(weights(&loaded.model), weights(&t.model));
+    assert_eq!(weights(loaded.model()), weights(t.model()));
     // Same optimizer state (moments and step counts): the next step gives the same weights.
     let (a, b) = (t.step(), loaded.step());
     assert_eq!(a.loss, b.loss);
-    assert_eq!(weights(&loaded.model), weights(&t.model));
+    assert_eq!(weights(loaded.model()), weights(t.model()));
     // A fresh optimizer would not: AdamW's first step differs from its fourth.
     let mut fresh = resumed(|_| {}, dir.path(), &ckpt, "run")
         .with_engine(Engine::Burn) // the state goes back to Burn's optimizer...
         .unwrap();
-    fresh.optim = adamw(&fresh.config, &fresh.model); // ...which is replaced
+    fresh.optim = adamw(&fresh.config.clone(), fresh.model()); // ...which is replaced
     let mut fresh = fresh.with_engine(Engine::Auto).unwrap();
     fresh.step();
-    assert_ne!(weights(&fresh.model), weights(&t.model));
+    assert_ne!(weights(fresh.model()), weights(t.model()));
 }
 
 fn saved_checkpoint(dir: &Path) -> std::path::PathBuf {

@@ -112,11 +112,13 @@ multiversion! {
 /// PyTorch's `clip_grad_norm_` does (`max_norm / (norm + 1e-6)`, at most 1). Returns the norm
 /// before clipping.
 pub fn clip_global_norm(grads: &mut Params, max_norm: f32) -> f32 {
-    let squares: f64 = grads
+    // Partial sums per chunk in parallel, added in order: the same result on any thread count.
+    let partial: Vec<f64> = grads
         .vectors()
-        .iter()
-        .map(|g| g.chunks(CHUNK).map(|c| f64::from(dot(c, c))).sum::<f64>())
-        .sum();
+        .par_iter()
+        .flat_map(|g| g.par_chunks(CHUNK).map(|c| f64::from(dot(c, c))))
+        .collect();
+    let squares: f64 = partial.iter().sum();
     let norm = squares.sqrt() as f32;
     let coef = (max_norm / (norm + 1e-6)).min(1.0);
     if coef < 1.0 {

@@ -114,8 +114,12 @@ impl Params {
 
     /// `self += other`, parameter by parameter.
     pub fn add_assign(&mut self, other: &Params) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 32 * 1024;
         for (a, b) in self.vectors_mut().into_iter().zip(other.vectors()) {
-            crate::simd::add_assign(a, b);
+            a.par_chunks_mut(CHUNK)
+                .zip(b.par_chunks(CHUNK))
+                .for_each(|(a, b)| crate::simd::add_assign(a, b));
         }
     }
 

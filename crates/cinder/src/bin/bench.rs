@@ -58,7 +58,7 @@ enum Mode {
         #[arg(long)]
         no_cache: bool,
     },
-    /// Median time of each phase of the training step: batch, forward, backward, clip, AdamW
+    /// Median time of each phase of Burn's training step: batch, forward, backward, clip, AdamW
     Breakdown {
         /// Timed steps
         #[arg(long, default_value_t = 30)]
@@ -91,7 +91,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         } => {
             let mut t = trainer(&args.data, &config, &backend)?.with_engine(args.engine)?;
             out["engine"] = t.engine_name().into();
-            let params = t.model.num_params();
+            let params = t.model().num_params();
             for _ in 0..warmup_steps {
                 t.step();
             }
@@ -174,6 +174,7 @@ fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
     let c = t.config.clone();
     let device = t.backend.device.clone().autodiff();
     let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
+    let mut model = t.model().clone();
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); 6];
     for it in 0..steps as u64 + 3 {
         let mut lap = Instant::now();
@@ -186,16 +187,16 @@ fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
         let batch = batcher.batch(t.splits.get(Split::Train), Split::Train, 0, it);
         let (x, y) = batch_tensors(&batch, &device);
         mark(0, &mut times);
-        let logits = t.model.forward(x);
+        let logits = model.forward(x);
         mark(1, &mut times);
         let loss = cross_entropy(logits, y);
         let _ = loss.clone().into_scalar::<f32>();
         mark(2, &mut times);
-        let mut grads = GradientsParams::from_grads(loss.backward(), &t.model);
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         mark(3, &mut times);
-        cinder::optim::clip_global_norm(&t.model, &mut grads, c.grad_clip);
+        cinder::optim::clip_global_norm(&model, &mut grads, c.grad_clip);
         mark(4, &mut times);
-        t.model = t.optim.step(1e-3, t.model.clone(), grads);
+        model = t.optim.step(1e-3, model, grads);
         mark(5, &mut times);
     }
     let names = ["batch", "forward", "loss", "backward", "clip", "adamw"];

@@ -98,7 +98,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     ));
     say(format!(
         "model: {} parameters, vocabulary {} characters; run folder {}",
-        trainer.model.num_params(),
+        trainer.model().num_params(),
         trainer.tokenizer.vocab_size(),
         trainer.out_dir.display()
     ));
