@@ -1,7 +1,7 @@
 //! Measuring a model: mean loss over a fixed set of batches of a split.
 
 use burn::prelude::*;
-use cinder_data::{Batcher, Split, Splits};
+use cinder_data::{Batch, Batcher, Split, Splits};
 use cinder_model::Gpt;
 
 use crate::data::batch_tensors;
@@ -25,10 +25,8 @@ pub fn mean_loss(
     device: &Device,
     mut keep_going: impl FnMut(usize) -> bool,
 ) -> Option<f32> {
-    let tokens = splits.get(split);
     let mut total: Option<Tensor<1>> = None;
-    for i in 0..n_batches {
-        let batch = batcher.batch(tokens, split, EVAL_STREAM, i as u64);
+    for (i, batch) in eval_batches(splits, split, batcher, n_batches).enumerate() {
         let (x, y) = batch_tensors(&batch, device);
         let loss = cross_entropy(model.forward(x), y);
         total = Some(match total {
@@ -40,6 +38,17 @@ pub fn mean_loss(
         }
     }
     Some(total?.into_scalar::<f32>() / n_batches as f32)
+}
+
+/// The batches [`mean_loss`] evaluates on: the same at every evaluation.
+pub fn eval_batches<'a>(
+    splits: &'a Splits,
+    split: Split,
+    batcher: &'a Batcher,
+    n_batches: usize,
+) -> impl Iterator<Item = Batch> + 'a {
+    let tokens = splits.get(split);
+    (0..n_batches as u64).map(move |i| batcher.batch(tokens, split, EVAL_STREAM, i))
 }
 
 /// Loss of a model over a whole text.

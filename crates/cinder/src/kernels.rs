@@ -117,6 +117,11 @@ impl KernelStep {
         loss
     }
 
+    /// The current weights' mean loss on `batch` (forward passes only).
+    pub fn loss(&mut self, batch: &Batch) -> f32 {
+        self.step.loss(&self.params, &batch.inputs, &batch.targets)
+    }
+
     /// Mean loss over `batches` for `model`'s weights and its gradient, as Burn's autodiff
     /// would give them (the weights are taken from `model` first).
     pub fn gradients(

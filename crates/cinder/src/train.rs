@@ -355,24 +355,35 @@ impl Trainer {
         observer: &mut dyn Observer,
         stop: &AtomicBool,
     ) -> Option<EvalReport> {
-        self.sync_model();
-        let model = self.model.valid();
-        let device = &self.backend.device;
-        let c = &self.config;
+        let c = self.config.clone();
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
-        let mut loss = |split| {
-            eval::mean_loss(
-                &model,
-                &self.splits,
+        let n = c.eval_iters;
+        let mut keep_going = |split, done| {
+            observer.eval_progress(split, done, n);
+            !stop.load(Ordering::SeqCst)
+        };
+        let splits = &self.splits;
+        let mut loss = |split| match &mut self.kernels {
+            // The kernels' forward pass on their own weights: no Burn model needed.
+            Some(k) => {
+                let mut total = 0.0f64;
+                for (i, batch) in eval::eval_batches(splits, split, &batcher, n).enumerate() {
+                    total += f64::from(k.loss(&batch));
+                    if !keep_going(split, i + 1) {
+                        return None;
+                    }
+                }
+                Some((total / n as f64) as f32)
+            }
+            None => eval::mean_loss(
+                &self.model.valid(),
+                splits,
                 split,
                 &batcher,
-                c.eval_iters,
-                device,
-                |done| {
-                    observer.eval_progress(split, done, c.eval_iters);
-                    !stop.load(Ordering::SeqCst)
-                },
-            )
+                n,
+                &self.backend.device,
+                |done| keep_going(split, done),
+            ),
         };
         let train_loss = loss(Split::Train)?;
         let val_loss = loss(Split::Val)?;

@@ -155,11 +155,13 @@ fn loss_and_gradients_match_burn_autodiff_over_several_attention_blocks() {
     });
 }
 
+/// Every step's loss, and every evaluation's (train, val) losses.
 #[derive(Default)]
-struct Losses(Vec<f32>);
+struct Losses(Vec<f32>, Vec<(f32, f32)>);
 impl Observer for Losses {
-    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::train::EvalReport>) {
+    fn step(&mut self, s: &StepReport, eval: Option<&cinder::train::EvalReport>) {
         self.0.push(s.loss);
+        self.1.extend(eval.map(|e| (e.train_loss, e.val_loss)));
     }
 }
 
@@ -181,16 +183,25 @@ fn a_run_on_the_kernels_follows_the_same_path_as_on_burn() {
         let mut t = trainer(config.clone(), dir.path(), engine).unwrap();
         let mut losses = Losses::default();
         t.run(&mut losses, &stop).unwrap();
-        (t.engine_name(), losses.0)
+        (t.engine_name(), losses)
     };
     let (burn_name, burn) = run(Engine::Burn);
     let (kernel_name, kernels) = run(Engine::Kernels);
     assert_eq!((burn_name, kernel_name), ("burn", "kernels"));
-    assert_eq!(burn.len(), 12);
-    for (i, (a, b)) in kernels.iter().zip(&burn).enumerate() {
+    assert_eq!(burn.0.len(), 12);
+    for (i, (a, b)) in kernels.0.iter().zip(&burn.0).enumerate() {
         assert!((a - b).abs() < 1e-4, "iteration {i}: kernels {a}, burn {b}");
     }
-    assert!(burn[11] < burn[0] - 0.3, "the run learns: {burn:?}");
+    assert!(burn.0[11] < burn.0[0] - 0.3, "the run learns: {:?}", burn.0);
+    // The final evaluation, which the kernels also compute themselves.
+    assert_eq!((kernels.1.len(), burn.1.len()), (1, 1));
+    let ((kt, kv), (bt, bv)) = (kernels.1[0], burn.1[0]);
+    assert!(
+        (kt - bt).abs() < 1e-4 && (kv - bv).abs() < 1e-4,
+        "eval: kernels {:?}, burn {:?}",
+        kernels.1,
+        burn.1
+    );
 }
 
 /// `first` trains to iteration 6 and writes its checkpoint; `second` resumes it to 12. Their

@@ -64,6 +64,23 @@ impl Step {
         losses.iter().sum()
     }
 
+    /// The mean loss over one batch, forward passes only (for evaluation).
+    pub fn loss(&mut self, p: &Params, inputs: &[u32], targets: &[u32]) -> f32 {
+        let t = self.seq;
+        let total = inputs.len() as f32;
+        let losses: Vec<f32> = self
+            .shares
+            .par_iter()
+            .zip(self.tapes.par_iter_mut())
+            .map(|(r, tape)| {
+                let ids = r.start * t..r.end * t;
+                let (x, y) = (&inputs[ids.clone()], &targets[ids]);
+                forward(p, x, y, tape) * (x.len() as f32 / total)
+            })
+            .collect();
+        losses.iter().sum()
+    }
+
     /// The step's gradients: the shares' sums, in share order.
     pub fn gradients(&mut self) -> &mut Params {
         let (first, rest) = self.grads.split_first_mut().expect("at least one share");
