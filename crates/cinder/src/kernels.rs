@@ -51,6 +51,20 @@ pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
     }
 }
 
+/// Whether sampling runs on the kernels: `Auto` and `Kernels` on a CPU backend (dropout plays
+/// no part in inference); an error for `Kernels` elsewhere.
+pub fn for_inference(engine: Engine, backend_name: &str) -> Result<bool, String> {
+    let cpu = matches!(backend_name, "flex" | "ndarray");
+    match engine {
+        Engine::Burn => Ok(false),
+        Engine::Auto => Ok(cpu),
+        Engine::Kernels if cpu => Ok(true),
+        Engine::Kernels => Err(format!(
+            "--engine kernels runs on the CPU, not on {backend_name}: use --engine auto or --device cpu"
+        )),
+    }
+}
+
 /// A run's weights, optimizer state and buffers on the kernels.
 pub struct KernelStep {
     params: Params,

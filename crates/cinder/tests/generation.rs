@@ -4,12 +4,13 @@ mod common;
 
 use cinder::generate::{Decoder, GenerateOptions, generate};
 use cinder::sampling::SamplingParams;
-use cinder_model::GptConfig;
+use cinder_model::{Gpt, GptConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-#[test]
-fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
+/// The logits of `decoder` against Burn's full forward pass over the window, at every step of
+/// two random texts grown from 3 tokens to past 2 x block_size.
+fn check_against_full_forward(make: impl for<'a> Fn(&'a Gpt) -> Decoder<'a>) {
     let device = common::backend().device;
     device.seed(3);
     let model = GptConfig::new(13, 8)
@@ -23,11 +24,12 @@ fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
     let mut texts: Vec<Vec<u32>> = (0..2)
         .map(|_| (0..3).map(|_| rng.random_range(0..13)).collect())
         .collect();
-    let mut cached = Decoder::new(&model, true, &device);
+    let mut tested = make(&model);
     let mut full = Decoder::new(&model, false, &device);
     for step in 0..21 {
-        let a = cached.next_logits(&texts);
+        let a = tested.next_logits(&texts);
         let b = full.next_logits(&texts);
+        assert_eq!(a.len(), b.len());
         let diff = a
             .iter()
             .zip(&b)
@@ -45,6 +47,18 @@ fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
 }
 
 #[test]
+fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
+    let device = common::backend().device;
+    check_against_full_forward(|m| Decoder::new(m, true, &device));
+}
+
+#[test]
+fn kernel_logits_equal_burn_full_forward_at_every_step_past_block_size() {
+    check_against_full_forward(|m| Decoder::kernels(m, true, 2));
+    check_against_full_forward(|m| Decoder::kernels(m, false, 2));
+}
+
+#[test]
 fn greedy_text_is_the_same_with_and_without_the_cache() {
     let device = common::backend().device;
     device.seed(4);
@@ -54,7 +68,7 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         .with_n_embd(16)
         .init(&device)
         .unwrap();
-    let opts = |use_cache| GenerateOptions {
+    let opts = |use_cache, kernels| GenerateOptions {
         max_new_tokens: 30,
         num_samples: 2,
         sampling: SamplingParams {
@@ -64,9 +78,20 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         },
         seed: 0,
         use_cache,
+        kernels,
     };
-    let a = generate(&model, &[1, 2], &opts(true), &device, |_, _| {});
-    let b = generate(&model, &[1, 2], &opts(false), &device, |_, _| {});
-    assert_eq!(a, b);
+    let text = |use_cache, kernels| {
+        generate(
+            &model,
+            &[1, 2],
+            &opts(use_cache, kernels),
+            &device,
+            |_, _| {},
+        )
+    };
+    let a = text(true, false);
     assert_eq!(a[0].len(), 30);
+    assert_eq!(a, text(false, false), "Burn, without the cache");
+    assert_eq!(a, text(true, true), "kernels, with the cache");
+    assert_eq!(a, text(false, true), "kernels, without the cache");
 }

@@ -10,6 +10,7 @@
 //! - [`gpt`]: the model's forward and backward passes over a [`gpt::Tape`] of activations
 //! - [`step`]: a training step's passes, data-parallel over threads
 //! - [`adamw`]: the optimizer and gradient clipping
+//! - [`infer`]: inference with a key/value cache, for sampling
 //! - one module per layer kind: [`layernorm`], [`linear`], [`attention`], [`gelu`], [`loss`]
 //! - [`matmul`]: row-major products with transposes as strides; [`simd`]: vector dispatch, `exp`
 
@@ -17,6 +18,7 @@ pub mod adamw;
 pub mod attention;
 pub mod gelu;
 pub mod gpt;
+pub mod infer;
 pub mod layernorm;
 pub mod linear;
 pub mod loss;

@@ -29,7 +29,7 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
-    /// What computes the gradients (train and breakdown)
+    /// What runs the model (train and sample; breakdown always measures Burn)
     #[arg(long, value_enum, default_value_t)]
     engine: Engine,
     #[command(subcommand)]
@@ -123,12 +123,15 @@ fn run(args: Args) -> anyhow::Result<()> {
                 },
                 seed: config.seed,
                 use_cache: !no_cache,
+                kernels: cinder::kernels::for_inference(args.engine, backend.name)
+                    .map_err(anyhow::Error::msg)?,
             };
             let start = Instant::now();
             generate(&model, &[0], &opts, &device, |_, _| {});
             let secs = start.elapsed().as_secs_f64();
             out["tokens"] = tokens.into();
             out["cache"] = (!no_cache).into();
+            out["engine"] = if opts.kernels { "kernels" } else { "burn" }.into();
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {

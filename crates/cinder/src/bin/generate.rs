@@ -9,6 +9,7 @@ use cinder::checkpoint;
 use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
 use cinder::generate::{GenerateOptions, generate};
+use cinder::kernels::{self, Engine};
 use cinder::sampling::SamplingParams;
 use cinder::train::{BEST, LATEST};
 use clap::Parser;
@@ -58,6 +59,9 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
+    /// What runs the model: cinder's hand-written CPU kernels (auto: on a CPU backend) or Burn
+    #[arg(long, value_enum, default_value_t)]
+    engine: Engine,
 }
 
 fn main() {
@@ -117,6 +121,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         seed: args.seed,
         use_cache: !args.no_cache,
+        kernels: kernels::for_inference(args.engine, backend.name).map_err(anyhow::Error::msg)?,
     };
     let prompt_str = meta.vocab.decode(&prompt);
     let mut out = std::io::stdout().lock();
