@@ -103,9 +103,6 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
         row.copy_from_slice(&p.wte[tok * c..(tok + 1) * c]);
         add_assign(row, &p.wpe[pos * c..(pos + 1) * c]);
     }
-    let (mut ln, mut mean, mut rstd) = (z(rows * c), z(rows), z(rows));
-    let (mut qkv, mut att_y, mut tmp) = (z(rows * 3 * c), z(rows * c), z(rows * c));
-    let (mut fc, mut fc_gelu) = (z(rows * 4 * c), z(rows * 4 * c));
     let shape = Shape {
         batch: s,
         seq: n,
@@ -113,6 +110,9 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
         n_embd: c,
     };
     for (l, b) in p.blocks.iter().enumerate() {
+        let rows = x.len() / c;
+        let (mut ln, mut mean, mut rstd) = (z(rows * c), z(rows), z(rows));
+        let mut qkv = z(rows * 3 * c);
         layernorm::forward(&x, &b.ln_1, &mut ln, &mut mean, &mut rstd);
         linear::forward(&ln, &b.c_attn, &mut qkv); // (rows, 3C)
         // The new keys and values join the cache.
@@ -121,12 +121,23 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
             cache.keys[l][at..at + c].copy_from_slice(&row[c..2 * c]);
             cache.values[l][at..at + c].copy_from_slice(&row[2 * c..]);
         }
-        if start == 0 {
+        let last_block = l + 1 == d.n_layer;
+        if last_block && n > 1 {
+            // Only the last position of each sample matters from here on: its query against
+            // the cache, and the rest of the block on those rows alone. (S, C)
+            x = last_rows(&x, n, c);
+            qkv = last_rows(&qkv, n, 3 * c);
+        }
+        let rows = x.len() / c;
+        let mut att_y = z(rows * c);
+        if rows == s {
+            attend(&qkv, cache, l, start + n, d.n_head, &mut att_y);
+        } else {
             let mut att = z(s * d.n_head * n * n);
             attention::forward(&qkv, shape, &mut att, &mut att_y);
-        } else {
-            attend_one(&qkv, cache, l, d.n_head, &mut att_y);
         }
+        let (mut ln, mut mean, mut rstd) = (z(rows * c), z(rows), z(rows));
+        let (mut tmp, mut fc, mut fc_gelu) = (z(rows * c), z(rows * 4 * c), z(rows * 4 * c));
         linear::forward(&att_y, &b.attn_proj, &mut tmp);
         add_assign(&mut x, &tmp);
         layernorm::forward(&x, &b.ln_2, &mut ln, &mut mean, &mut rstd);
@@ -138,13 +149,11 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
     cache.len += n;
 
     // The last position of each sample: final LayerNorm and the tied head. (S, V)
-    let last: Vec<f32> = x
-        .chunks_exact(c)
-        .skip(n - 1)
-        .step_by(n)
-        .flatten()
-        .copied()
-        .collect();
+    let last = if x.len() == s * c {
+        x
+    } else {
+        last_rows(&x, n, c)
+    };
     let (mut out, mut mean, mut rstd) = (z(s * c), z(s), z(s));
     layernorm::forward(&last, &p.ln_f, &mut out, &mut mean, &mut rstd);
     let mut logits = z(s * d.vocab_size);
@@ -157,14 +166,24 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
     logits
 }
 
-/// Attention of one new token per sample (the last cached position) over all cached ones.
+/// Rows `n - 1, 2n - 1, ...` of a `[S * n, width]` matrix: each sample's last position.
+fn last_rows(m: &[f32], n: usize, width: usize) -> Vec<f32> {
+    m.chunks_exact(width)
+        .skip(n - 1)
+        .step_by(n)
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// Attention of one query per sample (the position `seen - 1`) over the first `seen` cached
+/// positions.
 ///
 /// # Shapes
 /// - qkv: `[S, 3C]`; y: `[S, C]` written
-fn attend_one(qkv: &[f32], cache: &KvCache, layer: usize, n_head: usize, y: &mut [f32]) {
+fn attend(qkv: &[f32], cache: &KvCache, layer: usize, seen: usize, n_head: usize, y: &mut [f32]) {
     let c = y.len() / cache.samples;
     let hs = c / n_head;
-    let seen = cache.len + 1; // this token's key and value are already in
     let block = cache.keys[layer].len() / (cache.samples * c);
     let scale = 1.0 / (hs as f32).sqrt();
     y.par_chunks_mut(hs).enumerate().for_each(|(sh, out)| {
