@@ -97,23 +97,38 @@ impl Backend {
     }
 }
 
-/// Runs one tiny operation so that a missing adapter is an error now, not a panic later.
+/// Runs one tiny operation so that a missing adapter is an error now, not a panic later. The
+/// error carries the first panic message of any thread meanwhile (wgpu starts the device on a
+/// thread of its own, whose message says what was missing), and nothing is printed.
 #[cfg(feature = "wgpu")]
 fn probe(device: &Device) -> Result<(), DeviceError> {
+    use std::sync::{Arc, Mutex};
     let device = device.clone();
+    let first: Arc<Mutex<Option<String>>> = Arc::default();
+    let sink = first.clone();
     let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()));
+        let mut first = sink.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            *first = msg;
+        }
+    }));
     let result = std::panic::catch_unwind(move || {
         Tensor::<1>::ones([1], &device).sum().into_scalar::<f32>()
     });
     std::panic::set_hook(hook);
     match result {
         Ok(_) => Ok(()),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        Err(_) => {
+            let msg = first
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
                 .unwrap_or_else(|| "no detail".into());
             Err(DeviceError::NoAdapter(msg))
         }

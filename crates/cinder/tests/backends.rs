@@ -123,3 +123,25 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
         assert_eq!(text[0].len(), 20);
     }
 }
+
+#[test]
+fn no_adapter_is_an_error_naming_the_vulkan_packages() {
+    // Asking wgpu for a 100th discrete GPU leaves it without an adapter on any machine.
+    let dir = tempfile::tempdir().unwrap();
+    let out = assert_cmd::Command::cargo_bin("train")
+        .unwrap()
+        .env("CUBECL_WGPU_DEFAULT_DEVICE", "DiscreteGpu(99)")
+        .args(["--device", "gpu", "--max-iters", "1", "--out"])
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("no usable graphics adapter")
+            && stderr.contains("mesa-vulkan-drivers libvulkan1")
+            && stderr.contains("--device cpu"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

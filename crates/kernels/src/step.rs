@@ -39,7 +39,7 @@ impl Step {
 
     /// Zeroes the gradients before a new step.
     pub fn zero_grad(&mut self) {
-        self.grads.iter_mut().for_each(Params::fill_zero);
+        self.grads.par_iter_mut().for_each(Params::fill_zero);
     }
 
     /// Forward and backward over one batch (`[B, T]` ids, row-major): returns the mean loss and
