@@ -35,7 +35,7 @@ pub enum TrainError {
     NonFinite { iter: u64, loss: f32 },
     #[error("invalid model configuration: {0}")]
     Model(#[from] cinder_model::ConfigError),
-    #[error("--engine kernels cannot run this run: {0}. Use --engine auto or --engine burn")]
+    #[error("--engine kernels cannot train this run: {0}. Use --engine auto or --engine burn")]
     EngineUnsupported(String),
     #[error(transparent)]
     State(#[from] StateError),
