@@ -80,9 +80,30 @@ pub fn text_loss(
     ids: &[u32],
     batch_size: usize,
     device: &Device,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> TextLoss {
-    let block = model.block_size();
+    text_loss_with(
+        model.block_size(),
+        ids,
+        batch_size,
+        progress,
+        |x, y, [n, block]| {
+            let x = crate::data::ids_tensor(x, [n, block], device);
+            let y = crate::data::ids_tensor(y, [n, block], device);
+            cross_entropy(model.forward(x), y).into_scalar::<f32>()
+        },
+    )
+}
+
+/// [`text_loss`] with the mean loss of a batch of windows (inputs, targets, `[n, block]`)
+/// computed by `batch_mean`.
+pub fn text_loss_with(
+    block: usize,
+    ids: &[u32],
+    batch_size: usize,
+    mut progress: impl FnMut(usize, usize),
+    mut batch_mean: impl FnMut(&[u32], &[u32], [usize; 2]) -> f32,
+) -> TextLoss {
     let windows = (ids.len().saturating_sub(1)) / block;
     let mut total = 0.0f64;
     for first in (0..windows).step_by(batch_size) {
@@ -92,9 +113,7 @@ pub fn text_loss(
             x.extend_from_slice(&ids[w * block..(w + 1) * block]);
             y.extend_from_slice(&ids[w * block + 1..(w + 1) * block + 1]);
         }
-        let x = crate::data::ids_tensor(&x, [n, block], device);
-        let y = crate::data::ids_tensor(&y, [n, block], device);
-        let mean = cross_entropy(model.forward(x), y).into_scalar::<f32>();
+        let mean = batch_mean(&x, &y, [n, block]);
         total += f64::from(mean) * n as f64;
         progress(first + n, windows);
     }

@@ -290,6 +290,30 @@ impl KernelStep {
     }
 }
 
+/// [`crate::eval::text_loss`] on the kernels, with a copy of `model`'s weights.
+pub fn text_loss(
+    model: &Gpt,
+    ids: &[u32],
+    batch_size: usize,
+    progress: impl FnMut(usize, usize),
+) -> crate::eval::TextLoss {
+    let params = params_of(model);
+    let threads = rayon::current_num_threads();
+    let mut steps: HashMap<usize, Step> = HashMap::new();
+    crate::eval::text_loss_with(
+        model.block_size(),
+        ids,
+        batch_size,
+        progress,
+        |x, y, [n, block]| {
+            steps
+                .entry(n)
+                .or_insert_with(|| Step::new(&params, n, block, threads))
+                .loss(&params, x, y)
+        },
+    )
+}
+
 /// The model's shape.
 pub fn dims_of(model: &Gpt) -> Dims {
     let [vocab_size, n_embd] = model.wte.weight.dims();

@@ -288,3 +288,27 @@ fn auto_uses_the_kernels_without_dropout_and_burn_with_it() {
         "{msg}"
     );
 }
+
+#[test]
+fn text_loss_on_the_kernels_matches_burn() {
+    let _serial = serial();
+    let device = common::backend().device;
+    device.seed(11);
+    let model = cinder_model::GptConfig::new(20, 16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_n_embd(32)
+        .init(&device)
+        .unwrap();
+    // 7 windows of 16 in batches of 3: the last batch is partial.
+    let ids: Vec<u32> = (0..7 * 16 + 5).map(|i| (i * 7 % 20) as u32).collect();
+    let burn = cinder::eval::text_loss(&model, &ids, 3, &device, |_, _| {});
+    let ours = cinder::kernels::text_loss(&model, &ids, 3, |_, _| {});
+    assert_eq!(ours.predicted, burn.predicted);
+    assert!(
+        (ours.loss - burn.loss).abs() < 1e-5,
+        "kernels {}, burn {}",
+        ours.loss,
+        burn.loss
+    );
+}

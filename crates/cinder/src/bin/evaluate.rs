@@ -9,6 +9,7 @@ use cinder::cli::exit_on_error;
 use cinder::data::TrainingData;
 use cinder::device::{Backend, DeviceChoice};
 use cinder::eval::text_loss;
+use cinder::kernels::{self, Engine};
 use cinder::train::{BEST, LATEST};
 use cinder_data::{Corpus, Split};
 use clap::Parser;
@@ -39,6 +40,9 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
+    /// What runs the model: cinder's hand-written CPU kernels (auto: on a CPU backend) or Burn
+    #[arg(long, value_enum, default_value_t)]
+    engine: Engine,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -114,18 +118,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
         bar
     });
-    let result = text_loss(
-        &model,
-        &ids,
-        args.batch_size,
-        &backend.device,
-        |done, total| {
-            if let Some(bar) = &bar {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            }
-        },
-    );
+    let progress = |done: usize, total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    };
+    let result = if kernels::for_inference(args.engine, backend.name).map_err(anyhow::Error::msg)? {
+        kernels::text_loss(&model, &ids, args.batch_size, progress)
+    } else {
+        text_loss(&model, &ids, args.batch_size, &backend.device, progress)
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
