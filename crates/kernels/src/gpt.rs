@@ -24,7 +24,8 @@ struct BlockTape {
     ln_2: Vec<f32>,
     ln_2_mean: Vec<f32>,
     ln_2_rstd: Vec<f32>,
-    /// `[N, 4C]`: before and after the GELU.
+    /// `[N, 4C]`: the GELU's derivative at its input (the input itself is not needed again),
+    /// and its output.
     fc: Vec<f32>,
     fc_gelu: Vec<f32>,
 }
@@ -164,7 +165,7 @@ fn block_forward(p: &BlockParams, shape: Shape, t: &mut BlockTape, out: &mut [f3
         &mut t.ln_2_rstd,
     );
     linear::forward(&t.ln_2, &p.c_fc, &mut t.fc); // (N, 4C)
-    gelu::forward(&t.fc, &mut t.fc_gelu);
+    gelu::forward_keep_derivative(&mut t.fc, &mut t.fc_gelu);
     linear::forward(&t.fc_gelu, &p.mlp_proj, out); // (N, C)
     add_assign(out, &t.x_mid);
 }
@@ -215,7 +216,7 @@ pub fn backward(
             &mut gb.mlp_proj,
             Some(&mut tp.d_4c),
         );
-        gelu::backward(&bt.fc, &mut tp.d_4c);
+        gelu::backward_from_derivative(&bt.fc, &mut tp.d_4c);
         linear::backward(
             &tp.d_4c,
             &bt.ln_2,
