@@ -90,9 +90,14 @@ impl Backend {
         Err(DeviceError::NoGpuBackend)
     }
 
+    /// Whether this is a CPU backend (flex or ndarray), where cinder's kernels can run.
+    pub fn is_cpu(&self) -> bool {
+        self.name != "wgpu"
+    }
+
     /// One line for start-up: backend and device.
     pub fn describe(&self) -> String {
-        let kind = if self.name == "wgpu" { "GPU" } else { "CPU" };
+        let kind = if self.is_cpu() { "CPU" } else { "GPU" };
         format!("backend {} ({kind}), device {:?}", self.name, self.device)
     }
 }

@@ -1,9 +1,10 @@
 //! Training on `cinder-kernels`: the hand-written forward and backward passes, AdamW and
 //! gradient clipping run over plain vectors, which hold the weights and the optimizer state
-//! during training. The Burn model is updated from them after every step (evaluation,
-//! sampling and checkpoints use it as before), and Burn's optimizer receives their state before
-//! every checkpoint, in its own record format: a checkpoint is the same whichever engine wrote
-//! it, and either engine can resume it.
+//! during training, and evaluate on them. The Burn model is written from them when it is needed
+//! (checkpoints, `Trainer::model`), and Burn's optimizer receives their state before every
+//! checkpoint, in its own record format: a checkpoint is the same whichever engine wrote it, and
+//! either engine can resume it. Sampling and `evaluate` use the same kernels on a copy of a
+//! model's weights.
 
 use std::collections::HashMap;
 
@@ -17,6 +18,7 @@ use cinder_kernels::{AdamState, AdamW, Dims, Params, Step, clip_global_norm};
 use cinder_model::Gpt;
 
 use crate::config::TrainConfig;
+use crate::device::Backend;
 
 /// Which code computes the training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -36,15 +38,16 @@ pub enum Engine {
 pub struct StateError(String);
 
 /// Why the kernels cannot run a configuration, if they cannot.
-pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
+pub fn unsupported(config: &TrainConfig, backend: &Backend) -> Option<String> {
     if config.dropout > 0.0 {
         Some(format!(
             "the hand-written kernels have no dropout (this config has dropout {})",
             config.dropout
         ))
-    } else if !matches!(backend_name, "flex" | "ndarray") {
+    } else if !backend.is_cpu() {
         Some(format!(
-            "the hand-written kernels run on the CPU, not on {backend_name}"
+            "the hand-written kernels run on the CPU, not on {}",
+            backend.name
         ))
     } else {
         None
@@ -53,14 +56,14 @@ pub fn unsupported(config: &TrainConfig, backend_name: &str) -> Option<String> {
 
 /// Whether sampling runs on the kernels: `Auto` and `Kernels` on a CPU backend (dropout plays
 /// no part in inference); an error for `Kernels` elsewhere.
-pub fn for_inference(engine: Engine, backend_name: &str) -> Result<bool, String> {
-    let cpu = matches!(backend_name, "flex" | "ndarray");
+pub fn for_inference(engine: Engine, backend: &Backend) -> Result<bool, String> {
     match engine {
         Engine::Burn => Ok(false),
-        Engine::Auto => Ok(cpu),
-        Engine::Kernels if cpu => Ok(true),
+        Engine::Auto => Ok(backend.is_cpu()),
+        Engine::Kernels if backend.is_cpu() => Ok(true),
         Engine::Kernels => Err(format!(
-            "--engine kernels runs on the CPU, not on {backend_name}: use --engine auto or --device cpu"
+            "--engine kernels runs on the CPU, not on {}: use --engine auto or --device cpu",
+            backend.name
         )),
     }
 }

@@ -113,6 +113,8 @@ pub struct Trainer {
     model: Gpt,
     /// Whether the kernels' weights have moved on since `model` was last written.
     model_stale: bool,
+    /// Burn's optimizer. While the kernels train, they hold the optimizer state and write it
+    /// here before each checkpoint and when the engine changes to Burn ([`Trainer::with_engine`]).
     pub optim: ModuleOptimizer,
     /// Iterations completed.
     pub iter: u64,
@@ -190,19 +192,23 @@ impl Trainer {
     /// Chooses the code that computes gradients. The two give the same losses and gradients up
     /// to float rounding (tested), so a run may change engine on resume.
     pub fn with_engine(mut self, engine: Engine) -> Result<Self, TrainError> {
+        let why_not = unsupported(&self.config, &self.backend);
+        let kernels = match (engine, why_not) {
+            (Engine::Burn, _) | (Engine::Auto, Some(_)) => false,
+            (Engine::Kernels, Some(why)) => return Err(TrainError::EngineUnsupported(why)),
+            (Engine::Auto | Engine::Kernels, None) => true,
+        };
+        if kernels == self.kernels.is_some() {
+            return Ok(self); // already so: nothing to hand over
+        }
         self.sync_model();
         if let Some(k) = self.kernels.take() {
             // Burn's optimizer takes the state over.
             self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
         }
-        let why_not = unsupported(&self.config, self.backend.name);
-        self.kernels = match (engine, why_not) {
-            (Engine::Burn, _) | (Engine::Auto, Some(_)) => None,
-            (Engine::Kernels, Some(why)) => return Err(TrainError::EngineUnsupported(why)),
-            (Engine::Auto | Engine::Kernels, None) => {
-                Some(KernelStep::new(&self.model, &self.optim, &self.config)?)
-            }
-        };
+        if kernels {
+            self.kernels = Some(KernelStep::new(&self.model, &self.optim, &self.config)?);
+        }
         Ok(self)
     }
 

@@ -10,31 +10,20 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use cinder::checkpoint;
 use cinder::config::TrainConfig;
-use cinder::data::{TrainingData, batch_tensors};
+use cinder::data::batch_tensors;
 use cinder::kernels::{Engine, KernelStep};
 use cinder::loss::cross_entropy;
 use cinder::train::{Observer, StepReport, TrainError, Trainer};
 use cinder_data::{Batcher, Split};
 use cinder_model::Gpt;
-use common::{corpus_in, serial, tiny_config};
+use common::{serial, tiny_config};
 
 fn trainer(
     config: TrainConfig,
     dir: &std::path::Path,
     engine: Engine,
 ) -> Result<Trainer, TrainError> {
-    let data_path = corpus_in(dir);
-    let data =
-        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
-    Trainer::new(
-        config,
-        common::backend(),
-        data.tokenizer,
-        data.splits,
-        data_path,
-        dir.join("run"),
-    )?
-    .with_engine(engine)
+    common::new_trainer(config, dir, "run")?.with_engine(engine)
 }
 
 /// Every parameter's gradient in `grads`, in `model`'s visiting order, flattened.

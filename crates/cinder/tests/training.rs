@@ -16,7 +16,7 @@ use cinder::loss::cross_entropy;
 use cinder::optim::adamw;
 use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
 use cinder_data::{Batcher, Split};
-use common::{corpus_in, serial, tiny_config};
+use common::{serial, tiny_config};
 
 /// Collects every step's loss.
 #[derive(Default)]
@@ -28,18 +28,7 @@ impl Observer for Losses {
 }
 
 fn trainer(config: TrainConfig, dir: &Path, out: &str) -> Trainer {
-    let data_path = corpus_in(dir);
-    let data =
-        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
-    Trainer::new(
-        config,
-        common::backend(),
-        data.tokenizer,
-        data.splits,
-        data_path,
-        dir.join(out),
-    )
-    .unwrap()
+    common::new_trainer(config, dir, out).unwrap()
 }
 
 fn resumed(

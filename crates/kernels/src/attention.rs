@@ -79,24 +79,12 @@ pub fn forward(qkv: &[f32], s: Shape, att: &mut [f32], y: &mut [f32]) {
     let y_ptr = SharedMut(y.as_mut_ptr());
     att.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
         let (b, h) = (bh / s.n_head, bh % s.n_head);
-        let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
-        let head = |part: usize| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1);
-        let (q, k, v) = (head(0), head(1), head(2));
+        let [q, k, v] = head(qkv, s, b, h);
         // Row block by row block, each against the keys it may see: the blocks above the
         // diagonal are never computed.
         for rows in row_blocks(t) {
             let seen = rows.end; // keys 0..seen
-            // SAFETY: p is this task's own [T, T] block; the scores go to its rows `rows`,
-            // columns 0..seen.
-            unsafe {
-                matmul_into_strided(
-                    p[rows.start * t..].as_mut_ptr(),
-                    (t, 1),
-                    q.rows(rows.clone()),
-                    k.rows(0..seen).t(),
-                    false,
-                ); // (rows, seen) scores
-            }
+            block_scores(p, t, rows.clone(), q, k); // (rows, seen) scores
             for i in rows.clone() {
                 causal_softmax_row(&mut p[i * t..(i + 1) * t], i, scale);
             }
@@ -109,6 +97,31 @@ pub fn forward(qkv: &[f32], s: Shape, att: &mut [f32], y: &mut [f32]) {
             }
         }
     });
+}
+
+/// Queries, keys and values of head `h` of sequence `b`: `[T, hs]` views into `qkv`.
+fn head(qkv: &[f32], s: Shape, b: usize, h: usize) -> [Mat<'_>; 3] {
+    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
+    let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
+    [0, 1, 2].map(|part| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1))
+}
+
+/// `a[rows] · b[0..rows.end]ᵀ` into rows `rows` of the `[T, T]` matrix `out`: a block of
+/// queries against the keys they may see (or the same for the scores' gradient).
+fn block_scores(out: &mut [f32], t: usize, rows: Range<usize>, a: Mat, b: Mat) {
+    let seen = rows.end;
+    let out = &mut out[rows.start * t..rows.end * t];
+    // SAFETY: `out` holds rows.len() rows of t, and the product writes rows.len() x seen of
+    // them, seen <= t.
+    unsafe {
+        matmul_into_strided(
+            out.as_mut_ptr(),
+            (t, 1),
+            a.rows(rows),
+            b.rows(0..seen).t(),
+            false,
+        );
+    }
 }
 
 /// Rows of the score matrix handled together: big enough for efficient products, small
@@ -131,26 +144,14 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
         || vec![0.0f32; t * t],
         |dp, (bh, p)| {
             let (b, h) = (bh / s.n_head, bh % s.n_head);
-            let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
-            let head = |part: usize| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1);
-            let (q, k, v) = (head(0), head(1), head(2));
+            let [q, k, v] = head(qkv, s, b, h);
             let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
             let p = Mat::new(p, t, t);
             let d_part =
                 |part: usize, row: usize| d_ptr.at((b * t + row) * 3 * c + part * c + h * hs);
             // dP = dY Vᵀ and dS, row block by row block (entries above the diagonal are 0).
             for rows in row_blocks(t) {
-                let seen = rows.end;
-                // SAFETY: dp is this task's scratch.
-                unsafe {
-                    matmul_into_strided(
-                        dp[rows.start * t..].as_mut_ptr(),
-                        (t, 1),
-                        dy_bh.rows(rows.clone()),
-                        v.rows(0..seen).t(),
-                        false,
-                    );
-                }
+                block_scores(dp, t, rows.clone(), dy_bh, v); // dP
                 for i in rows {
                     softmax_backward_row(
                         &p.data[i * t..(i + 1) * t],

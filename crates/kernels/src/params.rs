@@ -125,12 +125,23 @@ impl Params {
 
     /// Every parameter vector, in a fixed order.
     pub fn vectors(&self) -> Vec<&Vec<f32>> {
-        let mut out = vec![&self.wte, &self.wpe];
-        fn norm(n: &Norm) -> impl Iterator<Item = &Vec<f32>> {
-            std::iter::once(&n.gamma).chain(n.beta.as_ref())
+        self.tagged().into_iter().map(|(v, _)| v).collect()
+    }
+
+    /// For each vector of [`Params::vectors`]: whether it is a matrix (embeddings and linear
+    /// weights: weight decay applies) rather than a bias or a LayerNorm parameter.
+    pub fn is_matrix(&self) -> Vec<bool> {
+        self.tagged().into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// Every parameter vector with whether it is a matrix.
+    fn tagged(&self) -> Vec<(&Vec<f32>, bool)> {
+        let mut out = vec![(&self.wte, true), (&self.wpe, true)];
+        fn norm(n: &Norm) -> impl Iterator<Item = (&Vec<f32>, bool)> {
+            std::iter::once((&n.gamma, false)).chain(n.beta.as_ref().map(|b| (b, false)))
         }
-        fn linear(l: &Linear) -> impl Iterator<Item = &Vec<f32>> {
-            std::iter::once(&l.weight).chain(l.bias.as_ref())
+        fn linear(l: &Linear) -> impl Iterator<Item = (&Vec<f32>, bool)> {
+            std::iter::once((&l.weight, true)).chain(l.bias.as_ref().map(|b| (b, false)))
         }
         for b in &self.blocks {
             out.extend(norm(&b.ln_1));
@@ -141,24 +152,6 @@ impl Params {
             out.extend(linear(&b.mlp_proj));
         }
         out.extend(norm(&self.ln_f));
-        out
-    }
-
-    /// For each vector of [`Params::vectors`]: whether it is a matrix (embeddings and linear
-    /// weights: weight decay applies) rather than a bias or a LayerNorm parameter.
-    pub fn is_matrix(&self) -> Vec<bool> {
-        let mut out = vec![true, true];
-        let norm = |n: &Norm| [Some(false), n.beta.as_ref().map(|_| false)];
-        let linear = |l: &Linear| [Some(true), l.bias.as_ref().map(|_| false)];
-        for b in &self.blocks {
-            out.extend(norm(&b.ln_1).into_iter().flatten());
-            out.extend(linear(&b.c_attn).into_iter().flatten());
-            out.extend(linear(&b.attn_proj).into_iter().flatten());
-            out.extend(norm(&b.ln_2).into_iter().flatten());
-            out.extend(linear(&b.c_fc).into_iter().flatten());
-            out.extend(linear(&b.mlp_proj).into_iter().flatten());
-        }
-        out.extend(norm(&self.ln_f).into_iter().flatten());
         out
     }
 

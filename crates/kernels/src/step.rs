@@ -45,6 +45,23 @@ impl Step {
     /// Forward and backward over one batch (`[B, T]` ids, row-major): returns the mean loss and
     /// adds the gradient of `scale` times it to the step's gradients.
     pub fn accumulate(&mut self, p: &Params, inputs: &[u32], targets: &[u32], scale: f32) -> f32 {
+        self.run(p, inputs, targets, Some(scale))
+    }
+
+    /// The mean loss over one batch, forward passes only (for evaluation).
+    pub fn loss(&mut self, p: &Params, inputs: &[u32], targets: &[u32]) -> f32 {
+        self.run(p, inputs, targets, None)
+    }
+
+    /// Each share's forward pass, and its backward pass for the loss times `backward` if given;
+    /// returns the batch's mean loss.
+    fn run(
+        &mut self,
+        p: &Params,
+        inputs: &[u32],
+        targets: &[u32],
+        backward_scale: Option<f32>,
+    ) -> f32 {
         let t = self.seq;
         let total = inputs.len() as f32;
         let losses: Vec<f32> = self
@@ -57,31 +74,17 @@ impl Step {
                 let (x, y) = (&inputs[ids.clone()], &targets[ids]);
                 let weight = x.len() as f32 / total;
                 let loss = forward(p, x, y, tape);
-                backward(p, x, y, scale * weight, tape, grads);
+                if let Some(scale) = backward_scale {
+                    backward(p, x, y, scale * weight, tape, grads);
+                }
                 loss * weight
             })
             .collect();
         losses.iter().sum()
     }
 
-    /// The mean loss over one batch, forward passes only (for evaluation).
-    pub fn loss(&mut self, p: &Params, inputs: &[u32], targets: &[u32]) -> f32 {
-        let t = self.seq;
-        let total = inputs.len() as f32;
-        let losses: Vec<f32> = self
-            .shares
-            .par_iter()
-            .zip(self.tapes.par_iter_mut())
-            .map(|(r, tape)| {
-                let ids = r.start * t..r.end * t;
-                let (x, y) = (&inputs[ids.clone()], &targets[ids]);
-                forward(p, x, y, tape) * (x.len() as f32 / total)
-            })
-            .collect();
-        losses.iter().sum()
-    }
-
-    /// The step's gradients: the shares' sums, in share order.
+    /// The step's gradients: the shares' added into the first, in share order. Call once per
+    /// step, after its batches.
     pub fn gradients(&mut self) -> &mut Params {
         let (first, rest) = self.grads.split_first_mut().expect("at least one share");
         for g in rest.iter() {

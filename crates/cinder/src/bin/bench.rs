@@ -123,7 +123,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 },
                 seed: config.seed,
                 use_cache: !no_cache,
-                kernels: cinder::kernels::for_inference(args.engine, backend.name)
+                kernels: cinder::kernels::for_inference(args.engine, &backend)
                     .map_err(anyhow::Error::msg)?,
             };
             let start = Instant::now();

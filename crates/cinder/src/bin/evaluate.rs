@@ -124,7 +124,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             bar.set_position(done as u64);
         }
     };
-    let result = if kernels::for_inference(args.engine, backend.name).map_err(anyhow::Error::msg)? {
+    let result = if kernels::for_inference(args.engine, &backend).map_err(anyhow::Error::msg)? {
         kernels::text_loss(&model, &ids, args.batch_size, progress)
     } else {
         text_loss(&model, &ids, args.batch_size, &backend.device, progress)

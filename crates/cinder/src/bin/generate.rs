@@ -121,7 +121,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         seed: args.seed,
         use_cache: !args.no_cache,
-        kernels: kernels::for_inference(args.engine, backend.name).map_err(anyhow::Error::msg)?,
+        kernels: kernels::for_inference(args.engine, &backend).map_err(anyhow::Error::msg)?,
     };
     let prompt_str = meta.vocab.decode(&prompt);
     let mut out = std::io::stdout().lock();

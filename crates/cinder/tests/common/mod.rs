@@ -35,6 +35,31 @@ pub fn corpus_in(dir: &Path) -> PathBuf {
     path
 }
 
+/// A new run of `config` on the CPU backend over a small corpus written into `dir`, writing to
+/// `dir/out`.
+pub fn new_trainer(
+    config: TrainConfig,
+    dir: &Path,
+    out: &str,
+) -> Result<cinder::train::Trainer, cinder::train::TrainError> {
+    let data_path = corpus_in(dir);
+    let data = cinder::data::TrainingData::load(
+        &data_path,
+        None,
+        config.train_fraction,
+        config.block_size,
+    )
+    .unwrap();
+    cinder::train::Trainer::new(
+        config,
+        backend(),
+        data.tokenizer,
+        data.splits,
+        data_path,
+        dir.join(out),
+    )
+}
+
 /// A model small enough that a step takes milliseconds.
 pub fn tiny_config() -> TrainConfig {
     TrainConfig {
