@@ -20,13 +20,17 @@ multiversion! {
 }
 
 multiversion! {
-    /// `out = gelu(x)`, and `x` replaced by `gelu'(x)`, for one chunk.
-    pub fn forward_keep_derivative_chunk(x: &mut [f32], out: &mut [f32]) {
-        for (o, v) in out.iter_mut().zip(x.iter_mut()) {
-            let cdf = 0.5 * (1.0 + erf(*v * FRAC_1_SQRT_2));
-            let pdf = exp(-0.5 * *v * *v) * FRAC_1_SQRT_2PI;
-            *o = *v * cdf;
-            *v = cdf + *v * pdf;
+    /// `x += bias` row by row (rows of `bias.len()`), then `out = gelu(x)` and `x` replaced
+    /// by `gelu'(x)`, for whole rows.
+    pub fn forward_keep_derivative_rows(x: &mut [f32], bias: &[f32], out: &mut [f32]) {
+        for (xr, or) in x.chunks_exact_mut(bias.len()).zip(out.chunks_exact_mut(bias.len())) {
+            for ((o, v), &b) in or.iter_mut().zip(xr.iter_mut()).zip(bias) {
+                let z = *v + b;
+                let cdf = 0.5 * (1.0 + erf(z * FRAC_1_SQRT_2));
+                let pdf = exp(-0.5 * z * z) * FRAC_1_SQRT_2PI;
+                *o = z * cdf;
+                *v = cdf + z * pdf;
+            }
         }
     }
 }
@@ -58,13 +62,16 @@ pub fn forward(x: &[f32], out: &mut [f32]) {
         .for_each(|(o, x)| forward_chunk(x, o));
 }
 
-/// `out = gelu(x)` for training: `x` is replaced by `gelu'(x)`, which is all the backward pass
-/// needs of it (see [`backward_from_derivative`]); computing it now, while `x` is at hand, saves
-/// the backward pass an `erf`, an `exp` and a division per element.
-pub fn forward_keep_derivative(x: &mut [f32], out: &mut [f32]) {
-    out.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks_mut(CHUNK))
-        .for_each(|(o, x)| forward_keep_derivative_chunk(x, o));
+/// `out = gelu(x + bias)` for training (the bias added row by row, rows of `bias.len()`, as a
+/// linear layer's; see [`crate::linear::forward_unbiased`]): `x` is replaced by the derivative
+/// at `x + bias`, which is all the backward pass needs of it (see [`backward_from_derivative`]);
+/// computing it now, while `x` is at hand, saves the backward pass an `erf`, an `exp` and a
+/// division per element.
+pub fn forward_keep_derivative(x: &mut [f32], bias: &[f32], out: &mut [f32]) {
+    let rows = (CHUNK / bias.len().max(1)).max(1) * bias.len();
+    out.par_chunks_mut(rows)
+        .zip(x.par_chunks_mut(rows))
+        .for_each(|(o, x)| forward_keep_derivative_rows(x, bias, o));
 }
 
 /// Turns `d = ∂loss/∂gelu(x)` into `∂loss/∂x`, in place, from the saved `gelu'(x)`.

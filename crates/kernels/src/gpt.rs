@@ -155,8 +155,7 @@ fn block_forward(p: &BlockParams, shape: Shape, t: &mut BlockTape, out: &mut [f3
     );
     linear::forward(&t.ln_1, &p.c_attn, &mut t.qkv); // (N, 3C)
     attention::forward(&t.qkv, shape, &mut t.att, &mut t.att_y); // (N, C)
-    linear::forward(&t.att_y, &p.attn_proj, &mut t.x_mid);
-    add_assign(&mut t.x_mid, &t.x);
+    linear::forward_residual(&t.att_y, &p.attn_proj, &t.x, &mut t.x_mid);
     layernorm::forward(
         &t.x_mid,
         &p.ln_2,
@@ -164,10 +163,18 @@ fn block_forward(p: &BlockParams, shape: Shape, t: &mut BlockTape, out: &mut [f3
         &mut t.ln_2_mean,
         &mut t.ln_2_rstd,
     );
-    linear::forward(&t.ln_2, &p.c_fc, &mut t.fc); // (N, 4C)
-    gelu::forward_keep_derivative(&mut t.fc, &mut t.fc_gelu);
-    linear::forward(&t.fc_gelu, &p.mlp_proj, out); // (N, C)
-    add_assign(out, &t.x_mid);
+    // c_fc's bias is added by the GELU pass.
+    linear::forward_unbiased(&t.ln_2, &p.c_fc, &mut t.fc); // (N, 4C)
+    let zeros;
+    let fc_bias = match &p.c_fc.bias {
+        Some(b) => b,
+        None => {
+            zeros = vec![0.0; p.c_fc.d_out];
+            &zeros
+        }
+    };
+    gelu::forward_keep_derivative(&mut t.fc, fc_bias, &mut t.fc_gelu);
+    linear::forward_residual(&t.fc_gelu, &p.mlp_proj, &t.x_mid, out); // (N, C)
 }
 
 /// The backward pass of the loss times `scale` (1 / micro-batches when accumulating): adds
