@@ -19,17 +19,31 @@ multiversion! {
     }
 }
 
+/// `(gelu(z), gelu'(z))`.
+#[inline(always)]
+fn value_and_derivative(z: f32) -> (f32, f32) {
+    let cdf = 0.5 * (1.0 + erf(z * FRAC_1_SQRT_2));
+    let pdf = exp(-0.5 * z * z) * FRAC_1_SQRT_2PI;
+    (z * cdf, cdf + z * pdf)
+}
+
 multiversion! {
-    /// `x += bias` row by row (rows of `bias.len()`), then `out = gelu(x)` and `x` replaced
-    /// by `gelu'(x)`, for whole rows.
-    pub fn forward_keep_derivative_rows(x: &mut [f32], bias: &[f32], out: &mut [f32]) {
-        for (xr, or) in x.chunks_exact_mut(bias.len()).zip(out.chunks_exact_mut(bias.len())) {
-            for ((o, v), &b) in or.iter_mut().zip(xr.iter_mut()).zip(bias) {
-                let z = *v + b;
-                let cdf = 0.5 * (1.0 + erf(z * FRAC_1_SQRT_2));
-                let pdf = exp(-0.5 * z * z) * FRAC_1_SQRT_2PI;
-                *o = z * cdf;
-                *v = cdf + z * pdf;
+    /// `out = gelu(x + bias)` and `x` replaced by `gelu'(x + bias)`, for whole rows of
+    /// `bias.len()` (for any elements without a bias).
+    pub fn forward_keep_derivative_chunk(x: &mut [f32], bias: Option<&[f32]>, out: &mut [f32]) {
+        match bias {
+            Some(bias) => {
+                let rows = x.chunks_exact_mut(bias.len()).zip(out.chunks_exact_mut(bias.len()));
+                for (xr, or) in rows {
+                    for ((o, v), &b) in or.iter_mut().zip(xr.iter_mut()).zip(bias) {
+                        (*o, *v) = value_and_derivative(*v + b);
+                    }
+                }
+            }
+            None => {
+                for (o, v) in out.iter_mut().zip(x.iter_mut()) {
+                    (*o, *v) = value_and_derivative(*v);
+                }
             }
         }
     }
@@ -48,9 +62,7 @@ multiversion! {
     /// `dx = dout * gelu'(x)` for one chunk, in place in `d`.
     pub fn backward_chunk(x: &[f32], d: &mut [f32]) {
         for (g, &v) in d.iter_mut().zip(x) {
-            let cdf = 0.5 * (1.0 + erf(v * FRAC_1_SQRT_2));
-            let pdf = exp(-0.5 * v * v) * FRAC_1_SQRT_2PI;
-            *g *= cdf + v * pdf;
+            *g *= value_and_derivative(v).1;
         }
     }
 }
@@ -62,16 +74,17 @@ pub fn forward(x: &[f32], out: &mut [f32]) {
         .for_each(|(o, x)| forward_chunk(x, o));
 }
 
-/// `out = gelu(x + bias)` for training (the bias added row by row, rows of `bias.len()`, as a
-/// linear layer's; see [`crate::linear::forward_unbiased`]): `x` is replaced by the derivative
-/// at `x + bias`, which is all the backward pass needs of it (see [`backward_from_derivative`]);
-/// computing it now, while `x` is at hand, saves the backward pass an `erf`, an `exp` and a
-/// division per element.
-pub fn forward_keep_derivative(x: &mut [f32], bias: &[f32], out: &mut [f32]) {
-    let rows = (CHUNK / bias.len().max(1)).max(1) * bias.len();
-    out.par_chunks_mut(rows)
-        .zip(x.par_chunks_mut(rows))
-        .for_each(|(o, x)| forward_keep_derivative_rows(x, bias, o));
+/// `out = gelu(x + bias)` for training, with `bias` a linear layer's, added to each row of `x`
+/// (see [`crate::linear::forward_unbiased`]). `x` is replaced by the derivative at `x + bias`,
+/// which is all the backward pass needs of it (see [`backward_from_derivative`]); computing it
+/// now, while `x` is at hand, saves the backward pass an `erf`, an `exp` and a division per
+/// element.
+pub fn forward_keep_derivative(x: &mut [f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    let width = bias.map_or(1, <[f32]>::len);
+    let task = (CHUNK / width.max(1)).max(1) * width;
+    out.par_chunks_mut(task)
+        .zip(x.par_chunks_mut(task))
+        .for_each(|(o, x)| forward_keep_derivative_chunk(x, bias, o));
 }
 
 /// Turns `d = ∂loss/∂gelu(x)` into `∂loss/∂x`, in place, from the saved `gelu'(x)`.

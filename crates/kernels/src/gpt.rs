@@ -165,15 +165,7 @@ fn block_forward(p: &BlockParams, shape: Shape, t: &mut BlockTape, out: &mut [f3
     );
     // c_fc's bias is added by the GELU pass.
     linear::forward_unbiased(&t.ln_2, &p.c_fc, &mut t.fc); // (N, 4C)
-    let zeros;
-    let fc_bias = match &p.c_fc.bias {
-        Some(b) => b,
-        None => {
-            zeros = vec![0.0; p.c_fc.d_out];
-            &zeros
-        }
-    };
-    gelu::forward_keep_derivative(&mut t.fc, fc_bias, &mut t.fc_gelu);
+    gelu::forward_keep_derivative(&mut t.fc, p.c_fc.bias.as_deref(), &mut t.fc_gelu);
     linear::forward_residual(&t.fc_gelu, &p.mlp_proj, &t.x_mid, out); // (N, C)
 }
 
