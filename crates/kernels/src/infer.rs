@@ -137,14 +137,12 @@ fn extend_on(p: &Params, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
             attention::forward(&qkv, shape, &mut att, &mut att_y);
         }
         let (mut ln, mut mean, mut rstd) = (z(rows * c), z(rows), z(rows));
-        let (mut tmp, mut fc, mut fc_gelu) = (z(rows * c), z(rows * 4 * c), z(rows * 4 * c));
-        linear::forward(&att_y, &b.attn_proj, &mut tmp);
-        add_assign(&mut x, &tmp);
-        layernorm::forward(&x, &b.ln_2, &mut ln, &mut mean, &mut rstd);
+        let (mut x_mid, mut fc, mut fc_gelu) = (z(rows * c), z(rows * 4 * c), z(rows * 4 * c));
+        linear::forward_residual(&att_y, &b.attn_proj, &x, &mut x_mid);
+        layernorm::forward(&x_mid, &b.ln_2, &mut ln, &mut mean, &mut rstd);
         linear::forward(&ln, &b.c_fc, &mut fc); // (rows, 4C)
         gelu::forward(&fc, &mut fc_gelu);
-        linear::forward(&fc_gelu, &b.mlp_proj, &mut tmp);
-        add_assign(&mut x, &tmp);
+        linear::forward_residual(&fc_gelu, &b.mlp_proj, &x_mid, &mut x);
     }
     cache.len += n;
 

@@ -53,8 +53,8 @@ impl Step {
         self.run(p, inputs, targets, None)
     }
 
-    /// Each share's forward pass, and its backward pass for the loss times `backward` if given;
-    /// returns the batch's mean loss.
+    /// Each share's forward pass, and its backward pass for the loss times `backward_scale` if
+    /// given; returns the batch's mean loss.
     fn run(
         &mut self,
         p: &Params,
