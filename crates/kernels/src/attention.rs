@@ -137,7 +137,10 @@ fn row_blocks(t: usize) -> impl Iterator<Item = Range<usize>> {
 /// - dy: `[B*T, C]`; qkv, dqkv: `[B*T, 3C]`; att: `[B, H, T, T]`
 pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]) {
     let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
+    assert_eq!(qkv.len(), s.batch * t * 3 * c);
     assert_eq!(dqkv.len(), qkv.len());
+    assert_eq!(att.len(), s.batch * s.n_head * t * t);
+    assert_eq!(dy.len(), s.batch * t * c);
     let scale = 1.0 / (hs as f32).sqrt();
     let d_ptr = SharedMut(dqkv.as_mut_ptr());
     att.par_chunks(t * t).enumerate().for_each_init(

@@ -4,8 +4,61 @@
 //! The crate is compiled for the baseline x86-64 (SSE2). [`multiversion!`] compiles a function's
 //! body three times, for AVX-512, AVX2+FMA and the baseline, and picks one at run time.
 
+/// The builds [`multiversion!`] makes, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// AVX-512 (with the 256-bit forms of its instructions) and AVX2+FMA.
+    V4,
+    /// AVX2 and FMA.
+    V3,
+    /// Whatever the crate is compiled for (SSE2 on x86-64).
+    Baseline,
+}
+
+/// CPU features each build is compiled for: the strings of its `#[target_feature(enable)]` in
+/// [`multiversion!`], which must list exactly these.
+pub const V4_FEATURES: &[&str] = &["avx512f", "avx512vl", "avx2", "fma"];
+pub const V3_FEATURES: &[&str] = &["avx2", "fma"];
+
+/// The best build whose every feature `has` reports. A CPU (or a virtual machine) may have
+/// `avx512f` without `avx512vl`: running the V4 build there would be undefined behaviour.
+pub fn choose(has: impl Fn(&str) -> bool) -> Level {
+    if V4_FEATURES.iter().all(|f| has(f)) {
+        Level::V4
+    } else if V3_FEATURES.iter().all(|f| has(f)) {
+        Level::V3
+    } else {
+        Level::Baseline
+    }
+}
+
+/// The build for this CPU, detected once.
+pub fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| choose(detected))
+}
+
+/// Whether this CPU has the feature `name` (one of those in [`V4_FEATURES`]).
+fn detected(name: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match name {
+            "avx512f" => std::is_x86_feature_detected!("avx512f"),
+            "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
+            "avx2" => std::is_x86_feature_detected!("avx2"),
+            "fma" => std::is_x86_feature_detected!("fma"),
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
 /// Defines `fn $name(args) -> ret` whose body is compiled for AVX-512, AVX2+FMA and the
-/// baseline, the best one the CPU has being chosen at each call (the check is a cached load).
+/// baseline, the best one the CPU has being chosen at each call ([`level`]: a cached load).
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
@@ -14,17 +67,17 @@ macro_rules! multiversion {
             fn generic($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                // The feature lists are V4_FEATURES and V3_FEATURES.
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
                 unsafe fn v4($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn v3($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
-                if std::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features v4 was compiled for.
-                    return unsafe { v4($($arg),*) };
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has the features v3 was compiled for.
-                    return unsafe { v3($($arg),*) };
+                match $crate::simd::level() {
+                    // SAFETY: `level` chose V4 because the CPU has every feature v4 enables.
+                    $crate::simd::Level::V4 => return unsafe { v4($($arg),*) },
+                    // SAFETY: `level` chose V3 because the CPU has every feature v3 enables.
+                    $crate::simd::Level::V3 => return unsafe { v3($($arg),*) },
+                    $crate::simd::Level::Baseline => {}
                 }
             }
             generic($($arg),*)
@@ -162,6 +215,32 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_chosen_needs_every_feature_it_was_compiled_for() {
+        let with = |features: &'static [&'static str]| move |f: &str| features.contains(&f);
+        assert_eq!(
+            choose(with(&["avx512f", "avx512vl", "avx2", "fma"])),
+            Level::V4
+        );
+        // AVX-512 Foundation alone (no VL) must not run the V4 build.
+        assert_eq!(choose(with(&["avx512f", "avx2", "fma"])), Level::V3);
+        assert_eq!(
+            choose(with(&["avx512f", "avx512vl", "avx2"])),
+            Level::Baseline
+        );
+        assert_eq!(choose(with(&["avx2"])), Level::Baseline);
+        assert_eq!(choose(with(&[])), Level::Baseline);
+    }
+
+    #[test]
+    fn the_macro_enables_exactly_the_listed_features() {
+        let source = include_str!("simd.rs");
+        let v4 = format!("enable = \"{}\"", V4_FEATURES.join(","));
+        let v3 = format!("enable = \"{}\"", V3_FEATURES.join(","));
+        assert!(source.contains(&v4), "multiversion! must enable {v4}");
+        assert!(source.contains(&v3), "multiversion! must enable {v3}");
+    }
 
     #[test]
     fn exp_matches_the_standard_library() {

@@ -179,3 +179,32 @@ fn gelu_matches_its_definition_and_derivative() {
         );
     }
 }
+
+/// The backward pass refuses buffers of another shape, as the forward does, instead of reading
+/// past a sequence or leaving part of `dqkv` unwritten.
+#[test]
+fn attention_backward_checks_every_buffer_length() {
+    let s = Shape {
+        batch: 1,
+        seq: 4,
+        n_head: 2,
+        n_embd: 4,
+    };
+    let (bt, c, t) = (s.batch * s.seq, s.n_embd, s.seq);
+    let qkv = random(bt * 3 * c, 2);
+    let mut att = vec![0.0; s.batch * s.n_head * t * t];
+    let mut y = vec![0.0; bt * c];
+    attention::forward(&qkv, s, &mut att, &mut y);
+    let good = |dy: &[f32], att: &[f32]| {
+        let mut dqkv = vec![0.0; qkv.len()];
+        attention::backward(dy, &qkv, att, s, &mut dqkv);
+    };
+    good(&y, &att);
+    let too_long_dy = [y.clone(), vec![0.0; c]].concat();
+    let too_long_att = [att.clone(), vec![0.0; t * t]].concat();
+    for (dy, att) in [(&too_long_dy, &att), (&y, &too_long_att)] {
+        let (dy, att) = (dy.clone(), att.clone());
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| good(&dy, &att)));
+        assert!(result.is_err(), "a wrong length must be refused");
+    }
+}
