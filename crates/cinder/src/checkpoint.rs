@@ -7,11 +7,16 @@
 //! iteration, the best validation loss, and the size and CRC-32 of each weights file, so that a
 //! truncated or corrupted file is refused by name instead of loading garbage.
 //!
-//! Writes are atomic: the folder is written beside its target as `.<name>.tmp`, every file and
-//! the folder are fsynced, the old checkpoint is renamed to `.<name>.old`, the new one renamed into
-//! place, and the old one removed. A crash at any point leaves either the old or the new
-//! checkpoint loadable ([`resolve`] falls back to `.<name>.old` when the crash fell between the
-//! two renames), and a half-written `.tmp` folder is never taken for a checkpoint.
+//! Writes are atomic: the folder is written beside its target as `.<name>.tmp` and every file
+//! and the folder are fsynced (the moment `checkpoint-written`); the old checkpoint is renamed to
+//! `.<name>.old` (`checkpoint-swapped`), the new one renamed into place (`checkpoint-installed`),
+//! and the old one removed. A crash at any point leaves either the old or the new checkpoint
+//! loadable ([`resolve`] falls back to `.<name>.old` when the crash fell between the two renames),
+//! and a half-written `.tmp` folder is never taken for a checkpoint. A write that fails (a full
+//! disk) removes its `.tmp` folder and leaves the previous checkpoint as it was.
+//!
+//! Readers ([`load`]) may run while a trainer writes: one that meets a checkpoint mid-swap (a
+//! file renamed away between two reads) tries again.
 //!
 //! Random streams need no saving: batches and dropout are derived from (seed, iteration).
 
@@ -23,14 +28,16 @@ use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn::store::ModuleRecord;
 use burn::tensor::Bytes;
-use cinder_data::CharTokenizer;
-use cinder_model::Gpt;
+use cinder_data::{CharTokenizer, TextIdentity};
+use cinder_model::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
+use crate::faults;
 
 /// The checkpoint layout this build writes; it reads this version and older ones.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added `data_identity`.
+pub const FORMAT_VERSION: u32 = 2;
 const META: &str = "meta.json";
 const MODEL: &str = "model.bpk";
 const OPTIMIZER: &str = "optimizer.bpk";
@@ -95,6 +102,9 @@ pub struct Meta {
     pub vocab: CharTokenizer,
     /// The training text, as given to `train`.
     pub data_path: PathBuf,
+    /// Size and checksum of the training text when the run read it (absent before version 2).
+    #[serde(default)]
+    pub data_identity: Option<TextIdentity>,
     pub files: Vec<FileSum>,
 }
 
@@ -110,6 +120,7 @@ impl Meta {
             config: config.clone(),
             vocab: vocab.clone(),
             data_path: PathBuf::new(),
+            data_identity: None,
             files: Vec::new(),
         }
     }
@@ -131,32 +142,86 @@ pub fn save(
         .map(|o| o.into_bytes())
         .transpose()
         .map_err(|e| write_err(dir, std::io::Error::other(e.to_string())))?;
+    let mut files = vec![(MODEL, model_bytes.as_ref())];
+    if let Some(bytes) = &optim_bytes {
+        files.push((OPTIMIZER, bytes.as_ref()));
+    }
+    write_atomically(dir, meta, &files, &mut |moment| {
+        faults::reached(moment.name());
+        Ok(())
+    })
+    .map_err(|e| write_err(dir, e))
+}
 
+/// The moments of a checkpoint write after which a crash leaves a different state on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    /// `.<name>.tmp` is complete and synced; nothing else has changed.
+    Written,
+    /// The previous checkpoint, if any, is `.<name>.old`; the new one is still `.tmp`.
+    Swapped,
+    /// The new checkpoint is in place; `.<name>.old` is not yet removed.
+    Installed,
+}
+
+impl Moment {
+    fn name(self) -> &'static str {
+        match self {
+            Moment::Written => "checkpoint-written",
+            Moment::Swapped => "checkpoint-swapped",
+            Moment::Installed => "checkpoint-installed",
+        }
+    }
+}
+
+/// Writes `files` and `meta` (with the files' sums) into `dir` through `.<name>.tmp` and the
+/// swap described in the module docs, calling `at` at each [`Moment`]: an error there stops the
+/// write as a crash would (no clean-up), which is how the tests crash it.
+fn write_atomically(
+    dir: &Path,
+    meta: &Meta,
+    files: &[(&str, &[u8])],
+    at: &mut dyn FnMut(Moment) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let (tmp, old) = (sibling(dir, "tmp"), sibling(dir, "old"));
     let parent = dir.parent().unwrap_or(Path::new("."));
-    let io = |e| write_err(dir, e);
-    fs::create_dir_all(parent).map_err(io)?;
-    remove_if_present(&tmp).map_err(io)?;
-    fs::create_dir(&tmp).map_err(io)?;
-
-    let mut meta = meta.clone();
-    meta.files = vec![write_synced(&tmp, MODEL, &model_bytes).map_err(io)?];
-    if let Some(bytes) = &optim_bytes {
-        meta.files
-            .push(write_synced(&tmp, OPTIMIZER, bytes).map_err(io)?);
+    fs::create_dir_all(parent)?;
+    remove_if_present(&tmp)?;
+    fs::create_dir(&tmp)?;
+    let written = (|| {
+        let mut meta = meta.clone();
+        meta.files = files
+            .iter()
+            .map(|(name, bytes)| write_synced(&tmp, name, bytes))
+            .collect::<std::io::Result<_>>()?;
+        let json = serde_json::to_vec_pretty(&meta).expect("metadata always serialises");
+        write_synced(&tmp, META, &json)?;
+        sync_dir(&tmp)
+    })();
+    if let Err(e) = written {
+        // A full disk, say: free what was written; the previous checkpoint is untouched.
+        let _ = remove_if_present(&tmp);
+        return Err(e);
     }
-    let json = serde_json::to_vec_pretty(&meta).expect("metadata always serialises");
-    write_synced(&tmp, META, &json).map_err(io)?;
-    sync_dir(&tmp).map_err(io)?;
+    at(Moment::Written)?;
 
-    // Swap: the previous checkpoint stays loadable (as .old) until the new one is in place.
-    remove_if_present(&old).map_err(io)?;
-    if dir.exists() {
-        fs::rename(dir, &old).map_err(io)?;
+    // Swap. Whichever of `dir` and `.old` holds the valid checkpoint is kept until the new one
+    // is in place: `.old` is removed before `dir` moves onto it only when `dir` is valid, and
+    // after a crash between the renames (`dir` gone, `.old` the only checkpoint) it stays.
+    if dir.join(META).is_file() {
+        remove_if_present(&old)?;
+        fs::rename(dir, &old)?;
+    } else if dir.exists() {
+        return Err(std::io::Error::other(format!(
+            "{} exists but holds no checkpoint ({META} is missing): move it away",
+            dir.display()
+        )));
     }
-    fs::rename(&tmp, dir).map_err(io)?;
-    sync_dir(parent).map_err(io)?;
-    remove_if_present(&old).map_err(io)?;
+    at(Moment::Swapped)?;
+    fs::rename(&tmp, dir)?;
+    sync_dir(parent)?;
+    at(Moment::Installed)?;
+    remove_if_present(&old)?;
     Ok(())
 }
 
@@ -186,6 +251,58 @@ fn checkpoint_at(dir: &Path) -> Option<PathBuf> {
     old.join(META).is_file().then_some(old)
 }
 
+/// A checkpoint read by [`load`].
+pub struct Loaded {
+    /// The checkpoint folder read (inside the run folder given, or that folder itself).
+    pub dir: PathBuf,
+    pub meta: Meta,
+    pub model: Gpt,
+}
+
+/// Resolves `path` as [`resolve`] does and loads its metadata and model, for the commands that
+/// read a run (`generate`, `evaluate`, `inspect`) while a trainer may be writing it. A read that
+/// meets a checkpoint mid-swap is tried again ([`with_retries`]).
+pub fn load(path: &Path, prefer: &[&str], device: &Device) -> Result<Loaded, CheckpointError> {
+    with_retries(|| {
+        let dir = resolve(path, prefer)?;
+        let meta = load_meta(&dir)?;
+        let model = load_model(&dir, &meta, device)?;
+        Ok(Loaded { dir, meta, model })
+    })
+}
+
+/// Runs `read` until it succeeds or fails in a way a concurrent swap cannot explain, at most
+/// 5 times over about half a second. A swap can rename a file away between two reads, or put a
+/// file of the new checkpoint beside the old one's metadata.
+fn with_retries<T>(
+    mut read: impl FnMut() -> Result<T, CheckpointError>,
+) -> Result<T, CheckpointError> {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 1;
+    loop {
+        match read() {
+            Err(e) if attempt < ATTEMPTS && e.may_be_a_swap() => {
+                std::thread::sleep(std::time::Duration::from_millis(15 << attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl CheckpointError {
+    /// Whether a writer swapping checkpoints at the same moment can explain this error.
+    fn may_be_a_swap(&self) -> bool {
+        matches!(
+            self,
+            CheckpointError::NotACheckpoint(_)
+                | CheckpointError::MissingFile(_)
+                | CheckpointError::Read { .. }
+                | CheckpointError::Corrupt { .. }
+        )
+    }
+}
+
 /// Reads and checks `meta.json` of the checkpoint folder `dir`.
 pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
     let path = dir.join(META);
@@ -211,15 +328,29 @@ pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
 
 /// Loads the weights of the checkpoint `dir` into a model of the checkpoint's architecture.
 pub fn load_model(dir: &Path, meta: &Meta, device: &Device) -> Result<Gpt, CheckpointError> {
+    load_weights(
+        dir,
+        meta,
+        &meta.config.model(meta.vocab.vocab_size()),
+        device,
+    )
+}
+
+/// Loads the weights of the checkpoint `dir` into a model made from `config`, which has the
+/// checkpoint's architecture but may differ in what holds no weights (dropout, for fine-tuning).
+pub fn load_weights(
+    dir: &Path,
+    meta: &Meta,
+    config: &GptConfig,
+    device: &Device,
+) -> Result<Gpt, CheckpointError> {
     let path = dir.join(MODEL);
     let bytes = read_checked(dir, meta, MODEL)?;
     let corrupt = |reason: String| CheckpointError::Corrupt {
         path: path.clone(),
         reason,
     };
-    let model = meta
-        .config
-        .model(meta.vocab.vocab_size())
+    let model = config
         .init(device)
         .map_err(|e| corrupt(format!("its configuration is invalid: {e}")))?;
     let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(bytes))
@@ -286,7 +417,13 @@ fn sibling(dir: &Path, suffix: &str) -> PathBuf {
 
 fn write_synced(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<FileSum> {
     let mut file = File::create(dir.join(name))?;
-    file.write_all(bytes)?;
+    match faults::take_write_budget(bytes.len()) {
+        Ok(_) => file.write_all(bytes)?,
+        Err((fits, full)) => {
+            file.write_all(&bytes[..fits])?;
+            return Err(full);
+        }
+    }
     file.sync_all()?;
     Ok(FileSum {
         name: name.into(),
@@ -315,5 +452,106 @@ fn write_err(dir: &Path, source: std::io::Error) -> CheckpointError {
     CheckpointError::Write {
         path: dir.to_path_buf(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(iter: u64) -> Meta {
+        let vocab = CharTokenizer::from_chars("abc".chars());
+        Meta::new(&TrainConfig::default(), &vocab, "test", iter)
+    }
+
+    /// The iteration of the checkpoint `path` resolves to, checking its weights file.
+    fn loadable(path: &Path) -> Result<u64, CheckpointError> {
+        let dir = resolve(path, &[])?;
+        let meta = load_meta(&dir)?;
+        let weights = read_checked(&dir, &meta, MODEL)?;
+        assert_eq!(weights, format!("weights {}", meta.iter).into_bytes());
+        Ok(meta.iter)
+    }
+
+    fn write(dir: &Path, iter: u64, crash_at: Option<Moment>) -> std::io::Result<()> {
+        let weights = format!("weights {iter}");
+        write_atomically(dir, &meta(iter), &[(MODEL, weights.as_bytes())], &mut |m| {
+            if Some(m) == crash_at {
+                Err(std::io::Error::other("crash"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    #[test]
+    fn a_crash_at_any_moment_leaves_the_old_or_the_new_checkpoint() {
+        for crash_at in [Moment::Written, Moment::Swapped, Moment::Installed] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("latest");
+            write(&dir, 1, None).unwrap();
+            write(&dir, 2, Some(crash_at)).unwrap_err();
+            let iter = loadable(&dir).unwrap();
+            assert!(iter == 1 || iter == 2, "{crash_at:?}");
+            // And the next write after the crash succeeds.
+            write(&dir, 3, None).unwrap();
+            assert_eq!(loadable(&dir).unwrap(), 3, "{crash_at:?}");
+            assert!(!sibling(&dir, "old").exists() && !sibling(&dir, "tmp").exists());
+        }
+    }
+
+    #[test]
+    fn a_crash_while_recovering_from_a_crash_still_leaves_a_checkpoint() {
+        for crash_at in [Moment::Written, Moment::Swapped, Moment::Installed] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("latest");
+            write(&dir, 1, None).unwrap();
+            write(&dir, 2, Some(Moment::Swapped)).unwrap_err();
+            // The recovered state: only `.latest.old` holds a checkpoint.
+            assert!(!dir.exists());
+            assert_eq!(loadable(&dir).unwrap(), 1);
+            write(&dir, 3, Some(crash_at)).unwrap_err();
+            let iter = loadable(&dir).unwrap_or_else(|e| panic!("{crash_at:?}: {e}"));
+            assert!(iter == 1 || iter == 3, "{crash_at:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_write_removes_its_temporary_folder_and_keeps_the_old_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("latest");
+        write(&dir, 1, None).unwrap();
+        let bad = tmp.path().join("no-such-folder").join("x");
+        let err = write_atomically(
+            &dir,
+            &meta(2),
+            &[(&bad.to_string_lossy(), b"x")],
+            &mut |_| Ok(()),
+        );
+        assert!(err.is_err());
+        assert!(!sibling(&dir, "tmp").exists());
+        assert_eq!(loadable(&dir).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_reader_never_fails_while_a_writer_swaps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("latest");
+        write(&dir, 0, None).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for iter in 1..=300 {
+                    write(&dir, iter, None).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                with_retries(|| loadable(&dir)).unwrap();
+                reads += 1;
+            }
+            assert!(reads > 0);
+        });
     }
 }

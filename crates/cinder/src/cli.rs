@@ -1,6 +1,6 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
-use crate::config::TrainConfig;
+use crate::config::{ARCHITECTURE, TrainConfig};
 
 /// A config field set from the command line: its name and new value, as text.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,10 +81,7 @@ pub fn apply_on_resume(
 ) -> Result<Vec<Change>, String> {
     let saved = config.clone();
     let changes = overrides.apply(config);
-    let table = |c: &TrainConfig| -> toml::Table {
-        toml::from_str(&c.to_toml()).expect("config round-trips")
-    };
-    let (before, after) = (table(&saved), table(config));
+    let (before, after) = (saved.to_table(), config.to_table());
     for change in &changes {
         if RESUMABLE_FIELDS.contains(&change.field) {
             continue;
@@ -112,6 +109,37 @@ pub fn apply_on_resume(
         .into_iter()
         .filter(|c| RESUMABLE_FIELDS.contains(&c.field))
         .collect())
+}
+
+/// Gives a new run that starts from a checkpoint's weights (`--init-from`) the checkpoint's
+/// architecture (`from`); the other fields stay as the config file and `overrides` set them.
+/// A flag that contradicts the checkpoint's architecture is an error naming it.
+pub fn adopt_architecture(
+    overrides: &Overrides,
+    config: &mut TrainConfig,
+    from: &TrainConfig,
+) -> Result<(), String> {
+    let adopted = config.with_architecture_of(from);
+    let (given, theirs) = (config.to_table(), adopted.to_table());
+    let flags = overrides.apply(&mut TrainConfig::default());
+    for change in flags.iter().filter(|c| ARCHITECTURE.contains(&c.field)) {
+        if given.get(change.field) != theirs.get(change.field) {
+            let theirs = theirs
+                .get(change.field)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            return Err(format!(
+                "--{} {} contradicts the checkpoint to start from, which has {} = {theirs}: a \
+                 fine-tuned model keeps the architecture ({}) and the vocabulary of its checkpoint",
+                change.field.replace('_', "-"),
+                change.value,
+                change.field,
+                ARCHITECTURE.join(", ")
+            ));
+        }
+    }
+    *config = adopted;
+    Ok(())
 }
 
 /// Runs a binary's `main`, printing an error as `error: <message>: <cause>...` with exit status 1
@@ -177,6 +205,37 @@ mod tests {
         let err = apply_on_resume(&o, &mut c).unwrap_err();
         assert!(
             err.contains("--n-layer 6") && err.contains("n_layer = 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fine_tuning_takes_the_checkpoints_architecture_and_refuses_contradicting_flags() {
+        let ckpt = TrainConfig {
+            n_layer: 2,
+            n_embd: 64,
+            ..TrainConfig::default()
+        };
+        // The config file says 4 layers (not a flag): the checkpoint wins.
+        let o = Overrides {
+            learning_rate: Some(1e-4),
+            n_embd: Some(64), // agrees: fine
+            ..Default::default()
+        };
+        let mut c = TrainConfig::default();
+        o.apply(&mut c);
+        adopt_architecture(&o, &mut c, &ckpt).unwrap();
+        assert_eq!((c.n_layer, c.n_embd, c.learning_rate), (2, 64, 1e-4));
+
+        let o = Overrides {
+            n_layer: Some(6),
+            ..Default::default()
+        };
+        let mut c = TrainConfig::default();
+        o.apply(&mut c);
+        let err = adopt_architecture(&o, &mut c, &ckpt).unwrap_err();
+        assert!(
+            err.contains("--n-layer 6") && err.contains("n_layer = 2"),
             "{err}"
         );
     }

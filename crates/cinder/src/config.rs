@@ -57,7 +57,15 @@ pub struct TrainConfig {
     // Data.
     pub train_fraction: f64,
     pub seed: u64,
+    /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
+    /// architecture and vocabulary are then the checkpoint's ([`ARCHITECTURE`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
 }
+
+/// The fields that make the model's shape: a checkpoint's weights fit only a model with the same
+/// values of all of them (and the same vocabulary).
+pub const ARCHITECTURE: &[&str] = &["n_layer", "n_head", "n_embd", "block_size", "bias"];
 
 impl Default for TrainConfig {
     /// The tiny CPU recipe (`configs/tiny_cpu.toml`).
@@ -86,6 +94,7 @@ impl Default for TrainConfig {
             checkpoint_interval: 250,
             train_fraction: 0.9,
             seed: 1337,
+            init_from: None,
         }
     }
 }
@@ -237,6 +246,24 @@ impl TrainConfig {
             .with_bias(self.bias)
     }
 
+    /// This configuration with the [`ARCHITECTURE`] fields of `other`.
+    pub fn with_architecture_of(&self, other: &TrainConfig) -> TrainConfig {
+        let mut table = self.to_table();
+        let theirs = other.to_table();
+        for field in ARCHITECTURE {
+            match theirs.get(*field) {
+                Some(v) => table.insert(field.to_string(), v.clone()),
+                None => table.remove(*field),
+            };
+        }
+        table.try_into().expect("a config's fields round-trip")
+    }
+
+    /// The configuration as a TOML table, field by field.
+    pub fn to_table(&self) -> toml::Table {
+        toml::Table::try_from(self).expect("a config always serialises")
+    }
+
     /// Tokens the model reads per optimiser step.
     pub fn tokens_per_iter(&self) -> usize {
         self.batch_size * self.block_size * self.gradient_accumulation_steps
@@ -265,6 +292,32 @@ mod tests {
         assert_eq!(gpu.dropout, 0.2);
         tiny.validate().unwrap();
         gpu.validate().unwrap();
+    }
+
+    #[test]
+    fn architecture_comes_from_the_other_config_and_nothing_else() {
+        let mine = TrainConfig {
+            learning_rate: 3e-4,
+            dropout: 0.1,
+            init_from: Some("ckpt".into()),
+            ..TrainConfig::default()
+        };
+        let theirs = TrainConfig {
+            n_layer: 6,
+            n_head: 6,
+            n_embd: 384,
+            block_size: 256,
+            bias: false,
+            learning_rate: 1.0,
+            ..TrainConfig::default()
+        };
+        let c = mine.with_architecture_of(&theirs);
+        assert_eq!(
+            (c.n_layer, c.n_head, c.n_embd, c.block_size, c.bias),
+            (6, 6, 384, 256, false)
+        );
+        assert_eq!((c.learning_rate, c.dropout), (3e-4, 0.1));
+        assert_eq!(c.init_from, mine.init_from);
     }
 
     #[test]

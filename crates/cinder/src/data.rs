@@ -1,9 +1,11 @@
 //! Loading a corpus for training, and turning batches into tensors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use cinder_data::{Batch, CharTokenizer, Corpus, CorpusError, SplitError, Splits, TokenizerError};
+use cinder_data::{
+    Batch, CharTokenizer, Corpus, CorpusError, SplitError, Splits, TextIdentity, TokenizerError,
+};
 
 /// Why a text could not be prepared for training.
 #[derive(Debug, thiserror::Error)]
@@ -12,10 +14,7 @@ pub enum DataError {
     Corpus(#[from] CorpusError),
     #[error(transparent)]
     Split(#[from] SplitError),
-    #[error(
-        "{path} does not fit the checkpoint's vocabulary: {source}. Resume with the text the run \
-         was started on, or start a new run"
-    )]
+    #[error("{path} does not fit the checkpoint's vocabulary: {source}")]
     Vocabulary {
         source: TokenizerError,
         path: String,
@@ -24,8 +23,12 @@ pub enum DataError {
 
 /// A corpus ready for training: its vocabulary and its token ids cut into two splits.
 pub struct TrainingData {
+    /// The text file, as given.
+    pub path: PathBuf,
     pub tokenizer: CharTokenizer,
     pub splits: Splits,
+    /// The text file's size and checksum, recorded in checkpoints.
+    pub identity: TextIdentity,
 }
 
 impl TrainingData {
@@ -38,17 +41,25 @@ impl TrainingData {
         block_size: usize,
     ) -> Result<Self, DataError> {
         let corpus = Corpus::open(path)?;
-        let tokenizer = vocab.unwrap_or_else(|| CharTokenizer::from_chars(corpus.chars()));
+        let tokenizer = match vocab {
+            Some(vocab) => vocab,
+            None => CharTokenizer::from_chars(corpus.chars()?),
+        };
         // One copy of the ids, sized exactly: counting is cheaper than a vector's regrowth.
-        let mut ids = Vec::with_capacity(corpus.chars().count());
+        let mut ids = Vec::with_capacity(corpus.chars()?.count());
         tokenizer
-            .encode_into(corpus.chars(), &mut ids)
+            .encode_into(corpus.chars()?, &mut ids)
             .map_err(|source| DataError::Vocabulary {
                 source,
                 path: path.display().to_string(),
             })?;
         let splits = Splits::new(ids, train_fraction, block_size)?;
-        Ok(Self { tokenizer, splits })
+        Ok(Self {
+            path: path.to_path_buf(),
+            tokenizer,
+            splits,
+            identity: corpus.identity(),
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! The run's metrics file, `metrics.csv`: one row per logged iteration, appended to on resume.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::train::{EvalReport, Observer, StepReport};
@@ -64,15 +64,65 @@ impl Row {
     }
 }
 
-/// Reads every well-formed row of a metrics file.
-pub fn read(path: &Path) -> std::io::Result<Vec<Row>> {
-    let file = File::open(path)?;
-    Ok(BufReader::new(file)
-        .lines()
-        .skip(1)
-        .map_while(Result::ok)
-        .filter_map(|l| Row::parse(&l))
-        .collect())
+/// Why a metrics file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{}, line {line}, is not a metrics row (`{text}`): fix or delete that line, or move the \
+         file aside to start its history afresh",
+        path.display()
+    )]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Reads every row of a metrics file (none if it does not exist). A last line without its
+/// newline is a row cut short by a crash, and is left out; any other line that is not a row is
+/// an error naming it.
+pub fn read(path: &Path) -> Result<Vec<Row>, MetricsError> {
+    let text = match fs::read(path) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(MetricsError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "", // not even the header is whole
+    };
+    let mut rows = Vec::new();
+    for (i, line) in complete.lines().enumerate() {
+        let bad = || MetricsError::BadLine {
+            path: path.to_path_buf(),
+            line: i + 1,
+            text: line.chars().take(80).collect(),
+        };
+        if i == 0 {
+            if line != HEADER {
+                return Err(bad());
+            }
+            continue;
+        }
+        rows.push(Row::parse(line).ok_or_else(bad)?);
+    }
+    Ok(rows)
 }
 
 /// Appends rows to `metrics.csv` of a run folder as training goes.
@@ -88,13 +138,14 @@ pub struct MetricsLog {
 impl MetricsLog {
     /// Opens the metrics file of `run_dir` for a run at iteration `iter`. Rows beyond `iter`
     /// (logged after the checkpoint a run resumes from) are dropped, so no iteration appears
-    /// twice; a new run (`iter` 0) starts the file afresh.
-    pub fn open(run_dir: &Path, iter: u64, log_interval: u64) -> std::io::Result<Self> {
+    /// twice; a new run (`iter` 0) starts the file afresh. A file that cannot be read is an
+    /// error, not a reason to drop its history.
+    pub fn open(run_dir: &Path, iter: u64, log_interval: u64) -> Result<Self, MetricsError> {
         let path = run_dir.join(FILE);
-        let kept: Vec<Row> = match read(&path) {
-            Ok(rows) if iter > 0 => rows.into_iter().filter(|r| r.iter <= iter).collect(),
-            _ => Vec::new(),
-        };
+        let kept: Vec<Row> = read(&path)?
+            .into_iter()
+            .filter(|r| r.iter <= iter)
+            .collect();
         let offset_s = kept.last().map_or(0.0, |r| r.elapsed_s);
         // Rewrite the kept rows atomically, then append.
         let tmp = run_dir.join(format!(".{FILE}.tmp"));
@@ -103,9 +154,16 @@ impl MetricsLog {
             text.push_str(&r.to_csv());
             text.push('\n');
         }
-        fs::write(&tmp, text)?;
-        fs::rename(&tmp, &path)?;
-        let file = OpenOptions::new().append(true).open(&path)?;
+        let write_err = |source| MetricsError::Write {
+            path: path.clone(),
+            source,
+        };
+        fs::write(&tmp, text).map_err(write_err)?;
+        fs::rename(&tmp, &path).map_err(write_err)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(write_err)?;
         Ok(Self {
             path,
             file,
@@ -122,7 +180,9 @@ impl MetricsLog {
 
     /// Appends one row.
     pub fn append(&mut self, row: &Row) -> std::io::Result<()> {
-        writeln!(self.file, "{}", row.to_csv())
+        // One write call per row, newline included: a crash cuts at most the last row short.
+        self.file
+            .write_all(format!("{}\n", row.to_csv()).as_bytes())
     }
 
     /// Seconds since the run began, across resumes.
@@ -170,5 +230,68 @@ mod tests {
         };
         assert_eq!(Row::parse(&row.to_csv()), Some(row));
         assert_eq!(Row::parse("1,2,3"), None);
+    }
+
+    fn row(iter: u64) -> Row {
+        Row {
+            iter,
+            train_loss: 2.0,
+            val_loss: None,
+            eval_train_loss: None,
+            lr: 1e-3,
+            tokens_per_s: 100.0,
+            elapsed_s: iter as f64,
+        }
+    }
+
+    #[test]
+    fn resume_keeps_rows_up_to_its_iteration_and_drops_a_row_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = MetricsLog::open(dir.path(), 0, 1).unwrap();
+        for i in 1..=4 {
+            log.append(&row(i)).unwrap();
+        }
+        // A crash mid-write leaves half a row.
+        log.file.write_all(b"5,2.0,,").unwrap();
+        drop(log);
+        let path = dir.path().join(FILE);
+        assert_eq!(read(&path).unwrap().len(), 4);
+        let mut log = MetricsLog::open(dir.path(), 3, 1).unwrap();
+        log.append(&row(4)).unwrap();
+        let iters: Vec<u64> = read(&path).unwrap().iter().map(|r| r.iter).collect();
+        assert_eq!(iters, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_damaged_file_is_refused_with_its_line_not_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let text = format!(
+            "{HEADER}\n{}\nthis is not a row\n{}\n",
+            row(1).to_csv(),
+            row(2).to_csv()
+        );
+        fs::write(&path, &text).unwrap();
+        let err = MetricsLog::open(dir.path(), 2, 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("metrics.csv, line 3"), "{err}");
+        assert!(
+            err.contains("this is not a row") && err.contains("move the file aside"),
+            "{err}"
+        );
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            text,
+            "the file is untouched"
+        );
+
+        fs::write(&path, "time,loss\n1,2\n").unwrap();
+        let err = MetricsLog::open(dir.path(), 2, 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("line 1"), "{err}");
     }
 }

@@ -6,14 +6,15 @@ use std::time::Instant;
 
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use cinder_data::{Batcher, CharTokenizer, Split, Splits};
+use cinder_data::{Batcher, CharTokenizer, Split, Splits, TextIdentity};
 use cinder_model::Gpt;
 
 use crate::checkpoint::{self, CheckpointError, Meta};
 use crate::config::TrainConfig;
-use crate::data::batch_tensors;
+use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
 use crate::eval;
+use crate::faults;
 use crate::kernels::{Engine, KernelStep, StateError, unsupported};
 use crate::loss::cross_entropy;
 use crate::optim::{adamw, clip_global_norm};
@@ -121,6 +122,9 @@ pub struct Trainer {
     pub best_val_loss: Option<f32>,
     /// The training text, recorded in checkpoints so a resume finds it.
     pub data_path: PathBuf,
+    /// The training text's size and checksum, recorded in checkpoints so a resume can tell
+    /// that the text changed.
+    pub data_identity: TextIdentity,
     /// The run folder: `latest/` and `best/` go inside.
     pub out_dir: PathBuf,
     /// The hand-written training step, when it runs this configuration (see [`Engine`]).
@@ -132,56 +136,83 @@ impl Trainer {
     pub fn new(
         config: TrainConfig,
         backend: Backend,
-        tokenizer: CharTokenizer,
-        splits: Splits,
-        data_path: PathBuf,
+        data: TrainingData,
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         device.seed(config.seed);
-        let model = config.model(tokenizer.vocab_size()).init(&device)?;
+        let model = config.model(data.tokenizer.vocab_size()).init(&device)?;
+        Self::starting_from(model, config, backend, data, out_dir)
+    }
+
+    /// A new run that starts from the weights of the checkpoint `dir` (fine-tuning): a fresh
+    /// optimizer, the schedule from iteration 0. `config` must have the checkpoint's
+    /// architecture, and `data` its vocabulary; its other settings are the new run's.
+    pub fn fine_tune(
+        dir: &Path,
+        meta: &Meta,
+        config: TrainConfig,
+        backend: Backend,
+        data: TrainingData,
+        out_dir: PathBuf,
+    ) -> Result<Self, TrainError> {
+        let device = backend.device.clone().autodiff();
+        device.seed(config.seed);
+        let model_config = config.model(data.tokenizer.vocab_size());
+        let model = checkpoint::load_weights(dir, meta, &model_config, &device)?;
+        Self::starting_from(model, config, backend, data, out_dir)
+    }
+
+    fn starting_from(
+        model: Gpt,
+        config: TrainConfig,
+        backend: Backend,
+        data: TrainingData,
+        out_dir: PathBuf,
+    ) -> Result<Self, TrainError> {
         let optim = adamw(&config, &model);
-        Self {
-            config,
-            backend,
-            tokenizer,
-            splits,
-            model,
-            optim,
-            iter: 0,
-            best_val_loss: None,
-            data_path,
-            out_dir,
-            kernels: None,
-            model_stale: false,
-        }
-        .with_engine(Engine::Auto)
+        Self::assemble(config, backend, data, (model, optim, 0, None), out_dir)
     }
 
     /// A run continued from the checkpoint `dir`, whose metadata is `meta`; `config` is the
-    /// checkpoint's configuration with the changes allowed on resume already applied.
+    /// checkpoint's configuration with the changes allowed on resume already applied, and `data`
+    /// the run's text (the caller checks that it is the same text: [`Meta::data_identity`]).
     pub fn resume(
         dir: &Path,
         meta: &Meta,
         config: TrainConfig,
         backend: Backend,
-        splits: Splits,
-        data_path: PathBuf,
+        mut data: TrainingData,
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         let model = checkpoint::load_model(dir, meta, &device)?;
         let optim = checkpoint::load_optimizer(dir, meta, adamw(&config, &model))?;
+        data.tokenizer = meta.vocab.clone();
+        let state = (model, optim, meta.iter, meta.best_val_loss);
+        Self::assemble(config, backend, data, state, out_dir)
+    }
+
+    /// The trainer of `data` from `state`: the model, its optimizer, the iterations completed
+    /// and the best validation loss so far.
+    fn assemble(
+        config: TrainConfig,
+        backend: Backend,
+        data: TrainingData,
+        (model, optim, iter, best_val_loss): (Gpt, ModuleOptimizer, u64, Option<f32>),
+        out_dir: PathBuf,
+    ) -> Result<Self, TrainError> {
         Self {
             config,
             backend,
-            tokenizer: meta.vocab.clone(),
-            splits,
+            tokenizer: data.tokenizer,
+            splits: data.splits,
             model,
             optim,
-            iter: meta.iter,
-            best_val_loss: meta.best_val_loss,
-            data_path,
+            iter,
+            best_val_loss,
+            data_path: data.path,
+            data_identity: data.identity,
             out_dir,
             kernels: None,
             model_stale: false,
@@ -304,6 +335,7 @@ impl Trainer {
         let tokens = self.splits.get(Split::Train);
 
         let lr = learning_rate(c, it);
+        faults::reached("step");
         if let Some(kernels) = &mut self.kernels {
             let batches: Vec<_> = (0..accum as u64)
                 .map(|micro| batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro))
@@ -365,6 +397,7 @@ impl Trainer {
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
         let n = c.eval_iters;
         let mut keep_going = |split, done| {
+            faults::reached("eval");
             observer.eval_progress(split, done, n);
             !stop.load(Ordering::SeqCst)
         };
@@ -415,6 +448,7 @@ impl Trainer {
         let dir = self.out_dir.join(name);
         let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
         meta.data_path = self.data_path.clone();
+        meta.data_identity = Some(self.data_identity);
         meta.best_val_loss = self.best_val_loss;
         meta.val_loss = val_loss;
         checkpoint::save(&dir, &meta, &self.model, Some(&self.optim))?;

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use burn::prelude::*;
 use cinder::checkpoint;
 use cinder::config::TrainConfig;
-use cinder::data::{TrainingData, ids_tensor};
+use cinder::data::ids_tensor;
 use cinder::device::Backend;
 use cinder::generate::{GenerateOptions, generate};
 use cinder::sampling::SamplingParams;
@@ -29,30 +29,12 @@ fn trainer(backend: Backend, dir: &Path, from: Option<&Path>, out: &str) -> Trai
         ..tiny_config()
     };
     let data_path = corpus_in(dir);
-    let data =
-        TrainingData::load(&data_path, None, config.train_fraction, config.block_size).unwrap();
+    let data = common::training_data(&data_path, &config);
     match from {
-        None => Trainer::new(
-            config,
-            backend,
-            data.tokenizer,
-            data.splits,
-            data_path,
-            dir.join(out),
-        )
-        .unwrap(),
+        None => Trainer::new(config, backend, data, dir.join(out)).unwrap(),
         Some(ckpt) => {
             let meta = checkpoint::load_meta(ckpt).unwrap();
-            Trainer::resume(
-                ckpt,
-                &meta,
-                config,
-                backend,
-                data.splits,
-                data_path,
-                dir.join(out),
-            )
-            .unwrap()
+            Trainer::resume(ckpt, &meta, config, backend, data, dir.join(out)).unwrap()
         }
     }
 }

@@ -5,7 +5,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use common::{corpus_in, tiny_flags, tiny_flags_with};
+use cinder::checkpoint;
+use common::{corpus_in, fails_with, tiny_flags, tiny_flags_with, trained_run};
 use predicates::str::contains;
 
 fn train(dir: &Path) -> Command {
@@ -20,41 +21,10 @@ fn generate(dir: &Path) -> Command {
     cmd
 }
 
-/// A user error: status 1, a message starting with `error:`, no panic or backtrace.
-fn fails_with(cmd: &mut Command, needles: &[&str]) -> String {
-    let out = cmd.assert().failure().code(1).get_output().clone();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.lines().any(|l| l.starts_with("error: ")), "{stderr}");
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
-        "{stderr}"
-    );
-    for needle in needles {
-        assert!(stderr.contains(needle), "expected {needle:?} in: {stderr}");
-    }
-    stderr
-}
-
 fn write(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
     path
-}
-
-/// A trained tiny run in `dir/run`.
-fn trained_run(dir: &Path) -> PathBuf {
-    train(dir)
-        .arg("--data")
-        .arg(corpus_in(dir))
-        .args(tiny_flags_with(&[
-            ("--max-iters", "2"),
-            ("--eval-interval", "1"),
-        ]))
-        .arg("--out")
-        .arg(dir.join("run"))
-        .assert()
-        .success();
-    dir.join("run")
 }
 
 #[test]
@@ -268,12 +238,18 @@ fn damaged_weights_and_newer_format() {
     let text = std::fs::read_to_string(&meta).unwrap();
     std::fs::write(
         &meta,
-        text.replace("\"format_version\": 1,", "\"format_version\": 7,"),
+        text.replace(
+            &format!("\"format_version\": {},", checkpoint::FORMAT_VERSION),
+            "\"format_version\": 7,",
+        ),
     )
     .unwrap();
     fails_with(
         generate(dir.path()).arg("--checkpoint").arg(&run),
-        &["format version 7", "up to 1"],
+        &[
+            "format version 7",
+            &format!("up to {}", checkpoint::FORMAT_VERSION),
+        ],
     );
 }
 
@@ -404,15 +380,22 @@ fn resume_refuses_a_text_with_another_vocabulary_and_a_contradicting_flag() {
     let dir = tempfile::tempdir().unwrap();
     let run = trained_run(dir.path());
     let other = write(dir.path(), "other.txt", "0123456789 ".repeat(500));
-    fails_with(
-        train(dir.path())
-            .arg("--resume")
+    let on_other = || {
+        let mut cmd = train(dir.path());
+        cmd.arg("--resume")
             .arg(&run)
             .arg("--data")
             .arg(&other)
-            .args(["--max-iters", "4"]),
-        &["other.txt", "different vocabulary"],
+            .args(["--max-iters", "4"]);
+        cmd
+    };
+    fails_with(
+        &mut on_other(),
+        &["other.txt is not the text this run was trained on"],
     );
+    // A checkpoint from before text checksums (format 1) is checked on its vocabulary.
+    common::make_format_1(&run.join("latest"));
+    fails_with(&mut on_other(), &["other.txt", "different vocabulary"]);
     fails_with(
         train(dir.path())
             .arg("--resume")

@@ -220,13 +220,13 @@ fn switch_engines(first: Engine, second: Engine) -> (Vec<f32>, Vec<f32>) {
     t.run(&mut halves, &stop).unwrap();
     let ckpt = dir.path().join("run").join(cinder::train::LATEST);
     let meta = checkpoint::load_meta(&ckpt).unwrap();
+    let data = common::training_data(&meta.data_path, &config);
     let mut t = Trainer::resume(
         &ckpt,
         &meta,
         config.clone(),
         common::backend(),
-        t.splits.clone(),
-        meta.data_path.clone(),
+        data,
         dir.path().join("run"),
     )
     .unwrap()

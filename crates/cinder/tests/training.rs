@@ -5,18 +5,16 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::prelude::*;
 use cinder::checkpoint::{self, CheckpointError};
 use cinder::config::TrainConfig;
-use cinder::data::{TrainingData, batch_tensors};
+use cinder::data::batch_tensors;
 use cinder::kernels::Engine;
 use cinder::loss::cross_entropy;
 use cinder::optim::adamw;
 use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
 use cinder_data::{Batcher, Split};
-use common::{serial, tiny_config};
+use common::{serial, tiny_config, weights};
 
 /// Collects every step's loss.
 #[derive(Default)]
@@ -40,37 +38,8 @@ fn resumed(
     let meta = checkpoint::load_meta(from).unwrap();
     let mut config = meta.config.clone();
     config_changes(&mut config);
-    let data = TrainingData::load(
-        &meta.data_path,
-        None,
-        config.train_fraction,
-        config.block_size,
-    )
-    .unwrap();
-    Trainer::resume(
-        from,
-        &meta,
-        config,
-        common::backend(),
-        data.splits,
-        meta.data_path.clone(),
-        dir.join(out),
-    )
-    .unwrap()
-}
-
-/// Every parameter's values, in visiting order.
-fn weights(model: &impl Module) -> Vec<Vec<f32>> {
-    struct All(Vec<Vec<f32>>);
-    impl ModuleVisitor for All {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            self.0
-                .push(p.val().into_data().try_to_vec::<f32>().unwrap());
-        }
-    }
-    let mut all = All(Vec::new());
-    model.visit(&mut all);
-    all.0
+    let data = common::training_data(&meta.data_path, &config);
+    Trainer::resume(from, &meta, config, common::backend(), data, dir.join(out)).unwrap()
 }
 
 #[test]
@@ -294,7 +263,10 @@ fn newer_format_is_refused_naming_both_versions() {
     let meta = std::fs::read_to_string(ckpt.join("meta.json")).unwrap();
     std::fs::write(
         ckpt.join("meta.json"),
-        meta.replace("\"format_version\": 1", "\"format_version\": 99"),
+        meta.replace(
+            &format!("\"format_version\": {}", checkpoint::FORMAT_VERSION),
+            "\"format_version\": 99",
+        ),
     )
     .unwrap();
     let err = checkpoint::load_meta(&ckpt).unwrap_err().to_string();

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::identity::TextIdentity;
+
 const BOM: &str = "\u{feff}";
 
 /// Why a text file could not be used as a corpus.
@@ -36,11 +38,19 @@ pub enum CorpusError {
         offset: usize,
         byte: u8,
     },
+    #[error(
+        "text file {} changed while it was being read (it is no longer the UTF-8 text it was \
+         when opened): wait until whatever writes it has finished, then run again",
+        .0.display()
+    )]
+    ChangedWhileRead(PathBuf),
 }
 
 /// A text file, memory-mapped and checked to be non-empty UTF-8.
 pub struct Corpus {
+    path: PathBuf,
     map: Mmap,
+    identity: TextIdentity,
 }
 
 impl Corpus {
@@ -72,23 +82,35 @@ impl Corpus {
                 byte: map[offset],
             });
         }
-        let corpus = Self { map };
-        if corpus.text().is_empty() {
+        let identity = TextIdentity::of(&map);
+        let corpus = Self {
+            path: path.to_path_buf(),
+            map,
+            identity,
+        };
+        if corpus.text()?.is_empty() {
             return Err(CorpusError::Empty(path.to_path_buf()));
         }
         Ok(corpus)
     }
 
-    /// The whole text, as stored (byte-order mark removed).
-    pub fn text(&self) -> &str {
-        // Checked to be UTF-8 in `open`.
-        let text = std::str::from_utf8(&self.map).unwrap_or_default();
-        text.strip_prefix(BOM).unwrap_or(text)
+    /// The size and checksum of the file's bytes when it was opened.
+    pub fn identity(&self) -> TextIdentity {
+        self.identity
+    }
+
+    /// The whole text, as stored (byte-order mark removed). The file was checked to be UTF-8 when
+    /// opened, but the map shows later writes by other programs: checked again here, an error
+    /// rather than a wrong text.
+    pub fn text(&self) -> Result<&str, CorpusError> {
+        let text = std::str::from_utf8(&self.map)
+            .map_err(|_| CorpusError::ChangedWhileRead(self.path.clone()))?;
+        Ok(text.strip_prefix(BOM).unwrap_or(text))
     }
 
     /// The characters the model sees: the text with `\r\n` read as `\n`.
-    pub fn chars(&self) -> impl Iterator<Item = char> + '_ {
-        normalized_chars(self.text())
+    pub fn chars(&self) -> Result<impl Iterator<Item = char> + '_, CorpusError> {
+        Ok(normalized_chars(self.text()?))
     }
 }
 
@@ -123,7 +145,29 @@ mod tests {
     fn crlf_and_bom_read_like_plain_text() {
         let (_d, path) = file_with("\u{feff}a\r\nb\rc\r\n".as_bytes());
         let corpus = Corpus::open(&path).unwrap();
-        assert_eq!(corpus.chars().collect::<String>(), "a\nb\rc\n");
+        assert_eq!(corpus.chars().unwrap().collect::<String>(), "a\nb\rc\n");
+    }
+
+    #[test]
+    fn identity_is_of_the_bytes_as_stored() {
+        let bytes = "\u{feff}a\r\nb".as_bytes();
+        let (_d, path) = file_with(bytes);
+        let corpus = Corpus::open(&path).unwrap();
+        assert_eq!(corpus.identity(), TextIdentity::of(bytes));
+    }
+
+    #[test]
+    fn a_text_changed_under_the_map_is_an_error_not_an_empty_text() {
+        let (_d, path) = file_with(b"hello world");
+        let corpus = Corpus::open(&path).unwrap();
+        // Another program overwrites the file in place (same inode): the map shows it.
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all(b"\xff\xfe").unwrap();
+        f.sync_all().unwrap();
+        let err = corpus.text().unwrap_err();
+        assert!(matches!(err, CorpusError::ChangedWhileRead(_)), "{err}");
+        assert!(err.to_string().contains("text.txt"), "{err}");
+        assert!(corpus.chars().is_err());
     }
 
     #[test]

@@ -98,11 +98,13 @@ impl CharTokenizer {
 
     /// [`encode`](Self::encode), appending to `ids`: with their capacity reserved beforehand, a
     /// text of gigabytes is encoded without the transient second copy a growing vector makes.
+    /// On error `ids` is left as it was.
     pub fn encode_into(
         &self,
         chars: impl IntoIterator<Item = char>,
         ids: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
+        let before = ids.len();
         let mut unknown = Vec::new();
         for c in chars {
             match self.id(c) {
@@ -114,6 +116,7 @@ impl CharTokenizer {
         if unknown.is_empty() {
             Ok(())
         } else {
+            ids.truncate(before);
             Err(TokenizerError(unknown))
         }
     }
@@ -182,6 +185,14 @@ mod tests {
             err.to_string(),
             "the vocabulary has no characters: 'z', 'x'"
         );
+    }
+
+    #[test]
+    fn a_failed_encoding_leaves_the_vector_as_it_was() {
+        let t = CharTokenizer::from_chars("abc".chars());
+        let mut ids = vec![7];
+        t.encode_into("abzc".chars(), &mut ids).unwrap_err();
+        assert_eq!(ids, vec![7]);
     }
 
     #[test]

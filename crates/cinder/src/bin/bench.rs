@@ -158,14 +158,7 @@ fn trainer(
 ) -> anyhow::Result<Trainer> {
     let d = TrainingData::load(data, None, config.train_fraction, config.block_size)?;
     let out = std::env::temp_dir();
-    Ok(Trainer::new(
-        config.clone(),
-        backend.clone(),
-        d.tokenizer,
-        d.splits,
-        data.to_path_buf(),
-        out,
-    )?)
+    Ok(Trainer::new(config.clone(), backend.clone(), d, out)?)
 }
 
 /// Median milliseconds of each phase of the training step, in order.

@@ -59,17 +59,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size is 0, but it must be at least 1");
     }
-    let dir = checkpoint::resolve(&args.checkpoint, &[BEST, LATEST])?;
-    let meta = checkpoint::load_meta(&dir)?;
     let backend = Backend::select(args.device)?;
-    let model = checkpoint::load_model(&dir, &meta, &backend.device)?;
+    let checkpoint::Loaded { dir, meta, model } =
+        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
     let block = meta.config.block_size;
     let (ids, what) = match &args.data {
         Some(path) => {
             let corpus = Corpus::open(path)?;
             let ids = meta
                 .vocab
-                .encode(corpus.chars())
+                .encode(corpus.chars()?)
                 .map_err(|e| anyhow::anyhow!("{} does not fit the model: {e}", path.display()))?;
             (ids, path.display().to_string())
         }

@@ -70,9 +70,9 @@ fn main() {
 
 fn run(args: Args) -> anyhow::Result<()> {
     check_flags(&args)?;
-    let dir = checkpoint::resolve(&args.checkpoint, &[BEST, LATEST])?;
-    let meta = checkpoint::load_meta(&dir)?;
     let backend = Backend::select(args.device)?;
+    let checkpoint::Loaded { dir, meta, model } =
+        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
     if !args.quiet {
         eprintln!(
             "cinder {}: {}; checkpoint {} (iteration {}, val loss {})",
@@ -83,7 +83,6 @@ fn run(args: Args) -> anyhow::Result<()> {
             meta.val_loss.map_or("-".into(), |v| format!("{v:.4}"))
         );
     }
-    let model = checkpoint::load_model(&dir, &meta, &backend.device)?;
 
     let prompt_text = match &args.prompt_file {
         Some(path) => std::fs::read_to_string(path)

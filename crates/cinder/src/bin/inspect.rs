@@ -51,10 +51,9 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let dir = checkpoint::resolve(&args.checkpoint, &[BEST, LATEST])?;
-    let meta = checkpoint::load_meta(&dir)?;
     let backend = Backend::select(args.device)?;
-    let model = checkpoint::load_model(&dir, &meta, &backend.device)?;
+    let checkpoint::Loaded { dir, meta, model } =
+        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
     let text = match &args.text_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,

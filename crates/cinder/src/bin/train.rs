@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use burn::module::Module;
 use cinder::checkpoint;
-use cinder::cli::{Overrides, apply_on_resume, exit_on_error};
+use cinder::cli::{Overrides, adopt_architecture, apply_on_resume, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::TrainingData;
 use cinder::device::{Backend, DeviceChoice};
@@ -15,7 +15,8 @@ use cinder::kernels::Engine;
 use cinder::metrics::{self, MetricsLog};
 use cinder::plot::LossPlot;
 use cinder::progress::{ConsoleObserver, Verbosity};
-use cinder::train::{LATEST, Outcome, Trainer};
+use cinder::run_folder::{self, RunLock};
+use cinder::train::{BEST, LATEST, Outcome, Trainer};
 use clap::Parser;
 
 const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
@@ -26,6 +27,11 @@ const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
 /// With no arguments: trains configs/tiny_cpu.toml on data/tinyshakespeare.txt and writes
 /// checkpoints/tiny_cpu/ (best/ and latest/). Ctrl-C stops after the current step and saves
 /// latest/; a second Ctrl-C exits at once.
+///
+/// One train process at a time uses a run folder (it holds a lock on train.lock inside). A new
+/// run never replaces an old one silently: a folder that holds a run is refused unless
+/// --overwrite moves the old run aside. A resumed run checks that its text is the one it was
+/// trained on.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
@@ -41,6 +47,15 @@ struct Args {
     /// Continue the run in this run folder (its latest/) or checkpoint folder
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
+    /// Start a new run from the weights of this checkpoint or run folder (its best/):
+    /// fine-tuning. The architecture and vocabulary come from it; the training settings from
+    /// the config and flags; the optimizer and schedule start afresh [config: init_from]
+    #[arg(long, value_name = "CKPT", conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
+    /// If the run folder already holds a run, move that run aside into <folder>.old-<n>
+    /// (never deleted) and start afresh
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
@@ -87,11 +102,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         backend.describe()
     ));
 
-    let mut trainer = match &args.resume {
+    // The lock is held until the process ends.
+    let (trainer, _lock) = match &args.resume {
         Some(from) => resume(&args, from, backend, &say)?,
         None => start(&args, backend, &say)?,
-    }
-    .with_engine(args.engine)?;
+    };
+    let mut trainer = trainer.with_engine(args.engine)?;
     say(format!(
         "gradients: {}",
         engine_description(trainer.engine_name())
@@ -117,11 +133,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let c = &trainer.config;
     let out = trainer.out_dir.clone();
     let console = ConsoleObserver::new(verbosity, trainer.iter, c.max_iters, c.log_interval);
-    let metrics = MetricsLog::open(&out, trainer.iter, c.log_interval)
-        .with_context(|| format!("cannot write {}", out.join(metrics::FILE).display()))?;
+    let metrics = MetricsLog::open(&out, trainer.iter, c.log_interval)?;
     let plot = LossPlot {
         metrics: metrics.path().to_path_buf(),
-        png: out.join("loss.png"),
+        png: out.join(run_folder::PLOT),
         title: format!(
             "cinder {}: {} layers, {} heads, {} wide, context {}",
             out.file_name()
@@ -169,8 +184,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A new run from the config file and flags.
-fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<Trainer> {
+/// A new run from the config file and flags, or from a checkpoint's weights (`--init-from`).
+fn start(
+    args: &Args,
+    backend: Backend,
+    say: &dyn Fn(String),
+) -> anyhow::Result<(Trainer, RunLock)> {
     let mut config = if args.config == Path::new(DEFAULT_CONFIG) && !args.config.exists() {
         say(format!(
             "{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"
@@ -180,7 +199,9 @@ fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<
         TrainConfig::load(&args.config)?
     };
     args.overrides.apply(&mut config);
-    config.validate()?;
+    if let Some(from) = &args.init_from {
+        config.init_from = Some(from.clone());
+    }
     let name = args
         .config
         .file_stem()
@@ -190,24 +211,72 @@ fn start(args: &Args, backend: Backend, say: &dyn Fn(String)) -> anyhow::Result<
         .clone()
         .unwrap_or_else(|| Path::new("checkpoints").join(name));
     let data_path = args.data.clone().unwrap_or_else(|| DEFAULT_DATA.into());
+
+    // The checkpoint to start from, if any, gives the architecture and the vocabulary.
+    let init = match &config.init_from {
+        Some(from) => {
+            let dir = checkpoint::resolve(from, &[BEST, LATEST])
+                .with_context(|| format!("cannot start from {}", from.display()))?;
+            let meta = checkpoint::load_meta(&dir)?;
+            adopt_architecture(&args.overrides, &mut config, &meta.config)
+                .map_err(anyhow::Error::msg)?;
+            say(format!(
+                "starting from the weights of {} (iteration {}); its architecture and vocabulary \
+                 are kept, the optimizer and schedule start afresh",
+                dir.display(),
+                meta.iter
+            ));
+            Some((dir, meta))
+        }
+        None => None,
+    };
+    config.validate()?;
+
+    let lock = RunLock::acquire(&out)?;
+    // Refuse an old run before the text is read; move it aside only once the text is good.
+    if !args.overwrite {
+        lock.clear_for_new_run(false)?;
+    }
     say(format!(
         "configuration ({}):\n{}",
         args.config.display(),
         indent(&config.to_toml())
     ));
-    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?;
-    report_data(&data, &data_path, say);
-    check_writable(&out)?;
-    std::fs::write(out.join("config.toml"), config.to_toml())
-        .with_context(|| format!("cannot write {}", out.join("config.toml").display()))?;
-    Ok(Trainer::new(
-        config,
-        backend,
-        data.tokenizer,
-        data.splits,
-        data_path,
-        out,
-    )?)
+    let data = match &init {
+        Some((dir, meta)) => TrainingData::load(
+            &data_path,
+            Some(meta.vocab.clone()),
+            config.train_fraction,
+            config.block_size,
+        )
+        .with_context(|| {
+            format!(
+                "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's vocabulary \
+                 of {} characters; remove those characters from the text, or train a new model \
+                 on it without --init-from",
+                dir.display(),
+                data_path.display(),
+                meta.vocab.vocab_size()
+            )
+        })?,
+        None => TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?,
+    };
+    report_data(&data, say);
+    if let Some(aside) = lock.clear_for_new_run(args.overwrite)? {
+        say(format!(
+            "moved the old run in {} aside into {}",
+            out.display(),
+            aside.display()
+        ));
+    }
+    let config_path = out.join(run_folder::CONFIG);
+    std::fs::write(&config_path, config.to_toml())
+        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    let trainer = match &init {
+        Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
+        None => Trainer::new(config, backend, data, out)?,
+    };
+    Ok((trainer, lock))
 }
 
 /// A run continued from a checkpoint.
@@ -216,8 +285,24 @@ fn resume(
     from: &Path,
     backend: Backend,
     say: &dyn Fn(String),
-) -> anyhow::Result<Trainer> {
-    let dir = checkpoint::resolve(from, &[LATEST, cinder::train::BEST])?;
+) -> anyhow::Result<(Trainer, RunLock)> {
+    // The run folder: the checkpoint's parent, or the folder named while it has no checkpoint
+    // yet (a run just started, which its lock then reports).
+    let run = match checkpoint::resolve(from, &[LATEST, BEST]) {
+        Ok(dir) => dir
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        Err(_) if from.is_dir() => from.to_path_buf(),
+        Err(e) => return Err(e.into()),
+    };
+    // The run folder is the checkpoint's unless --out says otherwise; lock it before anything.
+    let out = args.out.clone().unwrap_or_else(|| run.clone());
+    let lock = RunLock::acquire(&out)?;
+    if !same_folder(&out, &run) {
+        lock.clear_for_new_run(false)?;
+    }
+    // Read after locking: a trainer that held the folder may have written a newer one.
+    let dir = checkpoint::resolve(from, &[LATEST, BEST])?;
     let meta = checkpoint::load_meta(&dir)?;
     let mut config = meta.config.clone();
     let changes = apply_on_resume(&args.overrides, &mut config).map_err(anyhow::Error::msg)?;
@@ -242,7 +327,30 @@ fn resume(
         );
     }
     let data_path = args.data.clone().unwrap_or_else(|| meta.data_path.clone());
-    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?;
+    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)
+        .with_context(|| {
+            if args.data.is_none() && !data_path.exists() {
+                format!(
+                    "the run's text {} is gone: if it moved, pass its new path with --data",
+                    data_path.display()
+                )
+            } else {
+                format!("cannot read the run's text {}", data_path.display())
+            }
+        })?;
+    if let Some(trained_on) = meta.data_identity
+        && data.identity != trained_on
+    {
+        bail!(
+            "{} is not the text this run was trained on: the run read {trained_on}, the file now \
+             has {}. Resume with the original text (--data PATH if it moved), or start a new run \
+             from these weights on the new text: train --init-from {} --data {} --out NEW_FOLDER",
+            data_path.display(),
+            data.identity,
+            dir.display(),
+            data_path.display()
+        );
+    }
     if data.tokenizer != meta.vocab {
         bail!(
             "{} has a different vocabulary ({} characters) from the checkpoint's ({}): resume \
@@ -252,51 +360,33 @@ fn resume(
             meta.vocab.vocab_size()
         );
     }
-    report_data(&data, &data_path, say);
-    // The run folder is the checkpoint's parent unless --out says otherwise.
-    let out = match &args.out {
-        Some(out) => out.clone(),
-        None => dir
-            .parent()
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
-    };
-    check_writable(&out)?;
-    Ok(Trainer::resume(
-        &dir,
-        &meta,
-        config,
-        backend,
-        data.splits,
-        data_path,
-        out,
-    )?)
+    if meta.data_identity.is_none() {
+        say("  this checkpoint predates text checksums: only the vocabulary was checked".into());
+    }
+    report_data(&data, say);
+    let trainer = Trainer::resume(&dir, &meta, config, backend, data, out)?;
+    Ok((trainer, lock))
 }
 
-fn report_data(data: &TrainingData, path: &Path, say: &dyn Fn(String)) {
+/// Whether two paths name the same folder (both exist when this is asked).
+fn same_folder(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+fn report_data(data: &TrainingData, say: &dyn Fn(String)) {
     use cinder_data::Split;
     say(format!(
-        "data: {} ({} characters: {} train, {} val; vocabulary {})",
-        path.display(),
+        "data: {} ({} characters: {} train, {} val; vocabulary {}; {})",
+        data.path.display(),
         data.splits.get(Split::Train).len() + data.splits.get(Split::Val).len(),
         data.splits.get(Split::Train).len(),
         data.splits.get(Split::Val).len(),
-        data.tokenizer.vocab_size()
+        data.tokenizer.vocab_size(),
+        data.identity
     ));
-}
-
-/// Fails now, not after an hour of training, if the run folder can't be written.
-fn check_writable(out: &Path) -> anyhow::Result<()> {
-    let fail = || {
-        format!(
-            "cannot write to the run folder {}: choose another with --out",
-            out.display()
-        )
-    };
-    std::fs::create_dir_all(out).with_context(fail)?;
-    let probe = out.join(".cinder-write-test");
-    std::fs::write(&probe, b"ok").with_context(fail)?;
-    std::fs::remove_file(&probe).with_context(fail)?;
-    Ok(())
 }
 
 fn indent(text: &str) -> String {

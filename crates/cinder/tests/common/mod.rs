@@ -1,7 +1,13 @@
 //! Helpers shared by the integration tests: a small corpus and a tiny, fast configuration.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
 
 use cinder::config::TrainConfig;
 use cinder::device::Backend;
@@ -42,22 +48,13 @@ pub fn new_trainer(
     dir: &Path,
     out: &str,
 ) -> Result<cinder::train::Trainer, cinder::train::TrainError> {
-    let data_path = corpus_in(dir);
-    let data = cinder::data::TrainingData::load(
-        &data_path,
-        None,
-        config.train_fraction,
-        config.block_size,
-    )
-    .unwrap();
-    cinder::train::Trainer::new(
-        config,
-        backend(),
-        data.tokenizer,
-        data.splits,
-        data_path,
-        dir.join(out),
-    )
+    let data = training_data(&corpus_in(dir), &config);
+    cinder::train::Trainer::new(config, backend(), data, dir.join(out))
+}
+
+/// The text at `path`, loaded for a run of `config`.
+pub fn training_data(path: &Path, config: &TrainConfig) -> cinder::data::TrainingData {
+    cinder::data::TrainingData::load(path, None, config.train_fraction, config.block_size).unwrap()
 }
 
 /// A model small enough that a step takes milliseconds.
@@ -122,4 +119,97 @@ pub fn stdout_of(mut cmd: impl std::borrow::BorrowMut<assert_cmd::Command>) -> S
         .stdout
         .clone();
     String::from_utf8(out).unwrap()
+}
+
+/// Every parameter's values, in visiting order.
+pub fn weights(model: &impl Module) -> Vec<Vec<f32>> {
+    struct All(Vec<Vec<f32>>);
+    impl ModuleVisitor for All {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.0
+                .push(p.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let mut all = All(Vec::new());
+    model.visit(&mut all);
+    all.0
+}
+
+/// Starts `cmd` (a cinder binary) with the test-only `CINDER_TEST_STALL=<at>` (see
+/// `cinder::faults`) and returns it once it has stalled there, holding whatever it holds.
+pub fn stalled(cmd: &mut Command, at: &str) -> Child {
+    let mut child = cmd
+        .env("CINDER_TEST_STALL", at)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let stalled = line.starts_with("cinder-test: stalled at");
+            let _ = tx.send((stalled, line));
+        }
+    });
+    let start = Instant::now();
+    let mut said = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((true, _)) => return child,
+            Ok((false, line)) => said.push(line),
+            Err(_) => {}
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("{cmd:?} ended ({status}) before stalling at {at}: {said:?}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never stalled at {at}"
+        );
+    }
+}
+
+/// A user error: status 1, a message starting with `error:`, no panic or backtrace.
+pub fn fails_with(cmd: &mut assert_cmd::Command, needles: &[&str]) -> String {
+    let out = cmd.assert().failure().code(1).get_output().clone();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.lines().any(|l| l.starts_with("error: ")), "{stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "{stderr}"
+    );
+    for needle in needles {
+        assert!(stderr.contains(needle), "expected {needle:?} in: {stderr}");
+    }
+    stderr
+}
+
+/// A trained tiny run in `dir/run`.
+pub fn trained_run(dir: &Path) -> PathBuf {
+    assert_cmd::Command::cargo_bin("train")
+        .unwrap()
+        .current_dir(dir)
+        .arg("--data")
+        .arg(corpus_in(dir))
+        .args(tiny_flags_with(&[
+            ("--max-iters", "2"),
+            ("--eval-interval", "1"),
+        ]))
+        .arg("--out")
+        .arg(dir.join("run"))
+        .assert()
+        .success();
+    dir.join("run")
+}
+
+/// Rewrites the checkpoint `dir` as format version 1 wrote it: no text identity.
+pub fn make_format_1(dir: &Path) {
+    let path = dir.join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let fields = meta.as_object_mut().unwrap();
+    fields.insert("format_version".into(), 1.into());
+    fields.remove("data_identity").unwrap();
+    std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
 }

@@ -1,0 +1,221 @@
+//! The run folder: one trainer at a time, and no run replaced by accident.
+//!
+//! `train` takes an OS advisory lock on `train.lock` inside the run folder before it writes
+//! anything there, and writes its process id into that file. The OS releases the lock when the
+//! process ends in any way (`kill -9` too), so a stale lock file never blocks a later run. Readers
+//! (`generate`, `evaluate`, `inspect`) take no lock: they read a run while it trains.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use crate::{metrics, train};
+
+/// The lock file's name inside a run folder.
+pub const LOCK: &str = "train.lock";
+/// The run's resolved configuration, written when it starts.
+pub const CONFIG: &str = "config.toml";
+/// The loss curve, redrawn at each evaluation.
+pub const PLOT: &str = "loss.png";
+
+/// What a run writes into its folder (with the `.<name>.tmp` and `.<name>.old` siblings of
+/// checkpoints and files written atomically): what `--overwrite` moves aside.
+fn run_entries() -> Vec<String> {
+    let mut names = Vec::new();
+    for name in [train::LATEST, train::BEST, metrics::FILE] {
+        names.push(name.to_string());
+        names.push(format!(".{name}.tmp"));
+        names.push(format!(".{name}.old"));
+    }
+    names.extend([CONFIG.to_string(), PLOT.to_string()]);
+    names
+}
+
+/// Why a run folder cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RunFolderError {
+    #[error(
+        "run folder {} is in use by another train process ({holder}): wait for it to finish, \
+         stop it, or choose another --out",
+        dir.display()
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error("cannot write to the run folder {}: {source}; choose another with --out", dir.display())]
+    Unwritable {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} already holds a run ({found}): continue it with `train --resume {}`, choose another \
+         --out, or pass --overwrite to move the old run aside (into {})",
+        dir.display(),
+        dir.display(),
+        aside.display()
+    )]
+    HoldsARun {
+        dir: PathBuf,
+        found: String,
+        aside: PathBuf,
+    },
+    #[error("cannot move the old run in {} aside into {}: {source}", dir.display(), aside.display())]
+    MoveAside {
+        dir: PathBuf,
+        aside: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The lock on a run folder, held until dropped (or the process ends).
+#[derive(Debug)]
+pub struct RunLock {
+    dir: PathBuf,
+    _file: File,
+}
+
+impl RunLock {
+    /// Creates `dir` if needed and locks it for this process, or fails at once, touching
+    /// nothing, if another process holds it (the error names that process's id).
+    pub fn acquire(dir: &Path) -> Result<Self, RunFolderError> {
+        let unwritable = |source| RunFolderError::Unwritable {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(unwritable)?;
+        // Opened without truncating: the holder's process id stays readable until we hold it.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK))
+            .map_err(unwritable)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let holder = match pid.trim() {
+                    "" => "process id not yet written".to_string(),
+                    pid => format!("process id {pid}"),
+                };
+                return Err(RunFolderError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder,
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(unwritable(e)),
+        }
+        file.set_len(0).map_err(unwritable)?;
+        file.rewind().map_err(unwritable)?;
+        writeln!(file, "{}", std::process::id()).map_err(unwritable)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            _file: file,
+        })
+    }
+
+    /// The folder locked.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Refuses a new run in a folder that holds one, unless `overwrite`: then the old run's
+    /// files are moved into a sibling folder `<name>.old-<n>` (the first free `n`), never deleted.
+    /// Returns that folder when something was moved.
+    pub fn clear_for_new_run(&self, overwrite: bool) -> Result<Option<PathBuf>, RunFolderError> {
+        let dir = &self.dir;
+        let present: Vec<String> = run_entries()
+            .into_iter()
+            .filter(|name| dir.join(name).symlink_metadata().is_ok())
+            .collect();
+        if present.is_empty() {
+            return Ok(None);
+        }
+        let aside = free_sibling(dir);
+        if !overwrite {
+            return Err(RunFolderError::HoldsARun {
+                dir: dir.clone(),
+                found: present.join(", "),
+                aside,
+            });
+        }
+        let move_err = |source| RunFolderError::MoveAside {
+            dir: dir.clone(),
+            aside: aside.clone(),
+            source,
+        };
+        std::fs::create_dir(&aside).map_err(move_err)?;
+        for name in present {
+            std::fs::rename(dir.join(&name), aside.join(&name)).map_err(move_err)?;
+        }
+        Ok(Some(aside))
+    }
+}
+
+/// `<dir>.old-<n>` for the first `n` from 1 that does not exist yet.
+fn free_sibling(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
+    (1..)
+        .map(|n| dir.with_file_name(format!("{name}.old-{n}")))
+        .find(|p| p.symlink_metadata().is_err())
+        .expect("some n is free")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_with_the_holders_pid_until_the_first_is_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let first = RunLock::acquire(&dir).unwrap();
+        let err = RunLock::acquire(&dir).unwrap_err().to_string();
+        assert!(err.contains("in use by another train process"), "{err}");
+        assert!(
+            err.contains(&format!("process id {}", std::process::id())),
+            "{err}"
+        );
+        drop(first);
+        RunLock::acquire(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_old_run_is_refused_or_moved_aside_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let lock = RunLock::acquire(&dir).unwrap();
+        assert_eq!(lock.clear_for_new_run(false).unwrap(), None);
+        std::fs::create_dir(dir.join("latest")).unwrap();
+        std::fs::write(dir.join("latest/meta.json"), "{}").unwrap();
+        std::fs::write(dir.join("metrics.csv"), "old rows").unwrap();
+        std::fs::write(dir.join("notes.txt"), "the user's").unwrap();
+        let err = lock.clear_for_new_run(false).unwrap_err().to_string();
+        assert!(err.contains("latest, metrics.csv"), "{err}");
+        assert!(
+            err.contains("--resume") && err.contains("--overwrite"),
+            "{err}"
+        );
+        assert!(
+            dir.join("metrics.csv").exists(),
+            "a refusal touches nothing"
+        );
+
+        std::fs::create_dir(tmp.path().join("run.old-1")).unwrap(); // taken: the next is used
+        let aside = lock.clear_for_new_run(true).unwrap().unwrap();
+        assert_eq!(aside, tmp.path().join("run.old-2"));
+        assert_eq!(
+            std::fs::read_to_string(aside.join("metrics.csv")).unwrap(),
+            "old rows"
+        );
+        assert!(aside.join("latest/meta.json").exists());
+        assert!(!dir.join("latest").exists() && !dir.join("metrics.csv").exists());
+        assert!(
+            dir.join("notes.txt").exists(),
+            "files that are not the run's stay"
+        );
+        assert!(dir.join(LOCK).exists());
+    }
+}
