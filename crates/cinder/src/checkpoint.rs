@@ -28,7 +28,8 @@ use burn::optim::ModuleOptimizer;
 use burn::prelude::*;
 use burn::store::ModuleRecord;
 use burn::tensor::Bytes;
-use cinder_data::{CharTokenizer, TextIdentity};
+use cinder_data::tokenizer::{TOKENIZER_JSON, TokenizerRecord};
+use cinder_data::{TextIdentity, Tokenizer};
 use cinder_model::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 
@@ -36,8 +37,9 @@ use crate::config::TrainConfig;
 use crate::faults;
 
 /// The checkpoint layout this build writes; it reads this version and older ones.
-/// Version 2 added `data_identity`.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
+/// and `data_paths`.
+pub const FORMAT_VERSION: u32 = 3;
 const META: &str = "meta.json";
 const MODEL: &str = "model.bpk";
 const OPTIMIZER: &str = "optimizer.bpk";
@@ -99,9 +101,14 @@ pub struct Meta {
     /// Validation loss of this checkpoint's model at its iteration, if it was evaluated.
     pub val_loss: Option<f32>,
     pub config: TrainConfig,
-    pub vocab: CharTokenizer,
-    /// The training text, as given to `train`.
+    /// The tokenizer: the characters inline, or a BPE in `tokenizer.json` beside.
+    pub vocab: TokenizerRecord,
+    /// The training text (the first, where there are several), as given to `train`.
     pub data_path: PathBuf,
+    /// Every path of the training data (text files, folders, or a prepared folder); absent
+    /// before version 3, where `data_path` is the one text.
+    #[serde(default)]
+    pub data_paths: Vec<PathBuf>,
     /// Size and checksum of the training text when the run read it (absent before version 2).
     #[serde(default)]
     pub data_identity: Option<TextIdentity>,
@@ -109,7 +116,7 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn new(config: &TrainConfig, vocab: &CharTokenizer, backend: &str, iter: u64) -> Self {
+    pub fn new(config: &TrainConfig, tokenizer: &Tokenizer, backend: &str, iter: u64) -> Self {
         Self {
             format_version: FORMAT_VERSION,
             cinder_version: env!("CARGO_PKG_VERSION").into(),
@@ -118,18 +125,30 @@ impl Meta {
             best_val_loss: None,
             val_loss: None,
             config: config.clone(),
-            vocab: vocab.clone(),
+            vocab: tokenizer.record().0,
             data_path: PathBuf::new(),
+            data_paths: Vec::new(),
             data_identity: None,
             files: Vec::new(),
         }
     }
+
+    /// The training data's paths, as the run was given them.
+    pub fn data_paths(&self) -> Vec<PathBuf> {
+        if self.data_paths.is_empty() {
+            vec![self.data_path.clone()]
+        } else {
+            self.data_paths.clone()
+        }
+    }
 }
 
-/// Writes `model` (and `optim`, for resuming) with `meta` to the folder `dir`, atomically.
+/// Writes `model` (and `optim`, for resuming) with `meta` and `tokenizer` (the one `meta.vocab`
+/// records) to the folder `dir`, atomically.
 pub fn save(
     dir: &Path,
     meta: &Meta,
+    tokenizer: &Tokenizer,
     model: &Gpt,
     optim: Option<&ModuleOptimizer>,
 ) -> Result<(), CheckpointError> {
@@ -145,6 +164,10 @@ pub fn save(
     let mut files = vec![(MODEL, model_bytes.as_ref())];
     if let Some(bytes) = &optim_bytes {
         files.push((OPTIMIZER, bytes.as_ref()));
+    }
+    let tokenizer_json = tokenizer.record().1;
+    if let Some(json) = &tokenizer_json {
+        files.push((TOKENIZER_JSON, json.as_bytes()));
     }
     write_atomically(dir, meta, &files, &mut |moment| {
         faults::reached(moment.name());
@@ -256,6 +279,7 @@ pub struct Loaded {
     /// The checkpoint folder read (inside the run folder given, or that folder itself).
     pub dir: PathBuf,
     pub meta: Meta,
+    pub tokenizer: Tokenizer,
     pub model: Gpt,
 }
 
@@ -266,8 +290,14 @@ pub fn load(path: &Path, prefer: &[&str], device: &Device) -> Result<Loaded, Che
     with_retries(|| {
         let dir = resolve(path, prefer)?;
         let meta = load_meta(&dir)?;
+        let tokenizer = load_tokenizer(&dir, &meta)?;
         let model = load_model(&dir, &meta, device)?;
-        Ok(Loaded { dir, meta, model })
+        Ok(Loaded {
+            dir,
+            meta,
+            tokenizer,
+            model,
+        })
     })
 }
 
@@ -324,6 +354,26 @@ pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
         });
     }
     serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+}
+
+/// The tokenizer of the checkpoint `dir` (reading its `tokenizer.json`, checked, for BPE).
+pub fn load_tokenizer(dir: &Path, meta: &Meta) -> Result<Tokenizer, CheckpointError> {
+    let json =
+        match meta.vocab.file() {
+            Some(name) => Some(String::from_utf8(read_checked(dir, meta, name)?).map_err(
+                |_| CheckpointError::Corrupt {
+                    path: dir.join(name),
+                    reason: "it is not UTF-8".into(),
+                },
+            )?),
+            None => None,
+        };
+    meta.vocab
+        .load(json.as_deref())
+        .map_err(|reason| CheckpointError::Corrupt {
+            path: dir.join(meta.vocab.file().unwrap_or(META)),
+            reason,
+        })
 }
 
 /// Loads the weights of the checkpoint `dir` into a model of the checkpoint's architecture.
@@ -460,7 +510,7 @@ mod tests {
     use super::*;
 
     fn meta(iter: u64) -> Meta {
-        let vocab = CharTokenizer::from_chars("abc".chars());
+        let vocab = Tokenizer::Char(cinder_data::CharTokenizer::from_chars("abc".chars()));
         Meta::new(&TrainConfig::default(), &vocab, "test", iter)
     }
 

@@ -62,6 +62,8 @@ overrides! {
     checkpoint_interval: u64, "Write latest/ every this many steps [tiny_cpu: 250]";
     train_fraction: f64, "Leading fraction of the text used for training [tiny_cpu: 0.9]";
     seed: u64, "Seed of the weights, batches and dropout [tiny_cpu: 1337]";
+    tokenizer: String, "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json [tiny_cpu: char]";
+    vocab_size: usize, "Tokens of the BPE that --tokenizer bpe trains [2048]";
 }
 
 /// Fields a resumed run may change; the others come from the checkpoint.

@@ -57,15 +57,30 @@ pub struct TrainConfig {
     // Data.
     pub train_fraction: f64,
     pub seed: u64,
+    /// `char`, `bpe` (trained on the training text) or the path of a `tokenizer.json`.
+    pub tokenizer: String,
+    /// Tokens of a trained BPE; 0 for the default ([`DEFAULT_BPE_VOCAB`]). Only with `bpe`.
+    pub vocab_size: usize,
     /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
     /// architecture and vocabulary are then the checkpoint's ([`ARCHITECTURE`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
 }
 
-/// The fields that make the model's shape: a checkpoint's weights fit only a model with the same
-/// values of all of them (and the same vocabulary).
-pub const ARCHITECTURE: &[&str] = &["n_layer", "n_head", "n_embd", "block_size", "bias"];
+/// The fields that make the model's shape and its vocabulary: a checkpoint's weights fit only a
+/// model with the same values of all of them (and the same tokenizer).
+pub const ARCHITECTURE: &[&str] = &[
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "bias",
+    "tokenizer",
+    "vocab_size",
+];
+
+/// Tokens of a BPE trained with `tokenizer = "bpe"` and no `vocab_size`.
+pub const DEFAULT_BPE_VOCAB: usize = 2048;
 
 impl Default for TrainConfig {
     /// The tiny CPU recipe (`configs/tiny_cpu.toml`).
@@ -94,6 +109,8 @@ impl Default for TrainConfig {
             checkpoint_interval: 250,
             train_fraction: 0.9,
             seed: 1337,
+            tokenizer: "char".into(),
+            vocab_size: 0,
             init_from: None,
         }
     }
@@ -231,6 +248,21 @@ impl TrainConfig {
             "train_fraction",
             c.train_fraction.to_string(),
             "in (0, 1)",
+        )?;
+        let is_bpe = c.tokenizer == "bpe";
+        check(
+            c.vocab_size == 0 || (is_bpe && c.vocab_size >= 257),
+            "vocab_size",
+            c.vocab_size.to_string(),
+            "0 (the default) or, with tokenizer = \"bpe\", at least 257 (256 bytes and \
+             <|endoftext|>); a char vocabulary is the text's characters and a tokenizer.json has \
+             its own",
+        )?;
+        check(
+            !c.tokenizer.is_empty(),
+            "tokenizer",
+            "\"\"".into(),
+            "\"char\", \"bpe\" or the path of a tokenizer.json",
         )?;
         self.model(1).validate()?;
         Ok(())

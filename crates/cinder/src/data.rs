@@ -1,66 +1,213 @@
-//! Loading a corpus for training, and turning batches into tensors.
+//! What a run trains on: texts encoded in memory (characters), or a prepared dataset of token
+//! files, memory-mapped (any tokenizer; a BPE run prepares one in its run folder by itself);
+//! and batches turned into tensors.
 
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
+use cinder_data::prepared::{self, Prepared, PreparedError};
+use cinder_data::source::{Piece, count_chars};
 use cinder_data::{
-    Batch, CharTokenizer, Corpus, CorpusError, SplitError, Splits, TextIdentity, TokenizerError,
+    Batch, CharTokenizer, CorpusError, DocumentBreak, EncodeError, SourceError, Sources, Split,
+    SplitError, Splits, TextIdentity, Tokenizer,
 };
 
-/// Why a text could not be prepared for training.
+use crate::config::{DEFAULT_BPE_VOCAB, TrainConfig};
+
+/// The folder, inside a run folder, where a run prepares its data when it needs token files.
+pub const PREPARED_DIR: &str = "data";
+
+/// Why the data could not be made ready for training.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
     #[error(transparent)]
     Corpus(#[from] CorpusError),
     #[error(transparent)]
     Split(#[from] SplitError),
-    #[error("{path} does not fit the checkpoint's vocabulary: {source}")]
-    Vocabulary {
-        source: TokenizerError,
-        path: String,
-    },
+    #[error(transparent)]
+    Prepared(#[from] PreparedError),
+    #[error("{path} does not fit the tokenizer: {source}")]
+    Vocabulary { source: EncodeError, path: String },
+    #[error(
+        "{} is a prepared dataset, but it was prepared with another tokenizer than the \
+         checkpoint's: prepare the text again with the checkpoint's tokenizer, or train a new model",
+        .0.display()
+    )]
+    OtherTokenizer(PathBuf),
+    #[error("{0}")]
+    Tokenizer(String),
 }
 
-/// A corpus ready for training: its vocabulary and its token ids cut into two splits.
+/// Which tokenizer a new run uses: `tokenizer` and `vocab_size` of the config.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenizerChoice {
+    /// The characters of the training text.
+    Char,
+    /// A byte-level BPE of this many tokens, trained on the training part of the text.
+    Bpe(usize),
+    /// An existing Hugging Face `tokenizer.json`.
+    File(PathBuf),
+}
+
+impl TokenizerChoice {
+    /// The choice a config makes (checked by [`TrainConfig::validate`]).
+    pub fn of(config: &TrainConfig) -> Self {
+        match config.tokenizer.as_str() {
+            "char" => TokenizerChoice::Char,
+            "bpe" if config.vocab_size == 0 => TokenizerChoice::Bpe(DEFAULT_BPE_VOCAB),
+            "bpe" => TokenizerChoice::Bpe(config.vocab_size),
+            path => TokenizerChoice::File(path.into()),
+        }
+    }
+}
+
+/// A run's data ready for training.
 pub struct TrainingData {
-    /// The text file, as given.
-    pub path: PathBuf,
-    pub tokenizer: CharTokenizer,
+    /// What was given: text files and folders of them, or one prepared folder.
+    pub paths: Vec<PathBuf>,
+    pub tokenizer: Tokenizer,
     pub splits: Splits,
-    /// The text file's size and checksum, recorded in checkpoints.
+    /// The size and checksum of the source texts, recorded in checkpoints.
     pub identity: TextIdentity,
 }
 
 impl TrainingData {
-    /// Reads `path`. The vocabulary is built from the text unless `vocab` is given (a resumed
-    /// run keeps its checkpoint's); the text is then encoded once, straight from the mapped file.
-    pub fn load(
-        path: &Path,
-        vocab: Option<CharTokenizer>,
-        train_fraction: f64,
-        block_size: usize,
+    /// The data of a run. `paths` are text files and folders of them, or a single prepared
+    /// folder. The tokenizer is `tokenizer` when given (a resumed or fine-tuned run keeps its
+    /// checkpoint's), else made as `choice` says. Characters are encoded in memory; any other
+    /// tokenizer goes through token files prepared in `run_dir`/data (`run_dir` `None`: an
+    /// error for a tokenizer that needs them).
+    pub fn open(
+        paths: &[PathBuf],
+        tokenizer: Option<&Tokenizer>,
+        choice: &TokenizerChoice,
+        config: &TrainConfig,
+        run_dir: Option<&Path>,
+        progress: &mut dyn FnMut(&str, u64, u64),
     ) -> Result<Self, DataError> {
-        let corpus = Corpus::open(path)?;
-        let tokenizer = match vocab {
-            Some(vocab) => vocab,
-            None => CharTokenizer::from_chars(corpus.chars()?),
+        let (fraction, block) = (config.train_fraction, config.block_size);
+        if let [dir] = paths
+            && prepared::is_prepared(dir)
+        {
+            let p = Prepared::open(dir, block)?;
+            if tokenizer.is_some_and(|t| *t != p.tokenizer) {
+                return Err(DataError::OtherTokenizer(dir.clone()));
+            }
+            return Ok(Self::from_prepared(paths.to_vec(), p));
+        }
+        let sources = Sources::open(paths)?;
+        let tokenizer = match (tokenizer, choice) {
+            (Some(t), _) => t.clone(),
+            (None, TokenizerChoice::Char) => Tokenizer::Char(char_vocabulary(&sources)?),
+            (None, TokenizerChoice::Bpe(vocab_size)) => {
+                progress("training the BPE tokenizer", 0, 1);
+                let bpe = prepared::train_bpe(&sources, fraction, *vocab_size)?;
+                progress("training the BPE tokenizer", 1, 1);
+                Tokenizer::Bpe(bpe)
+            }
+            (None, TokenizerChoice::File(path)) => Tokenizer::Bpe(
+                cinder_data::BpeTokenizer::from_file(path)
+                    .map_err(|e| DataError::Tokenizer(e.to_string()))?,
+            ),
         };
-        // One copy of the ids, sized exactly: counting is cheaper than a vector's regrowth.
-        let mut ids = Vec::with_capacity(corpus.chars()?.count());
-        tokenizer
-            .encode_into(corpus.chars()?, &mut ids)
-            .map_err(|source| DataError::Vocabulary {
-                source,
-                path: path.display().to_string(),
-            })?;
-        let splits = Splits::new(ids, train_fraction, block_size)?;
+        match tokenizer {
+            Tokenizer::Char(_) => Self::in_memory(paths, &sources, tokenizer, fraction, block),
+            Tokenizer::Bpe(_) => {
+                let Some(run_dir) = run_dir else {
+                    return Err(DataError::Tokenizer(
+                        "a BPE tokenizer reads prepared token files: make them with `prepare`"
+                            .into(),
+                    ));
+                };
+                let dir = run_dir.join(PREPARED_DIR);
+                let mut report = |done, total| progress("encoding", done, total);
+                prepared::prepare(&sources, &tokenizer, fraction, &dir, &mut report)?;
+                let p = Prepared::open(&dir, block)?;
+                Ok(Self {
+                    paths: vec![dir],
+                    ..Self::from_prepared(paths.to_vec(), p)
+                })
+            }
+        }
+    }
+
+    fn from_prepared(paths: Vec<PathBuf>, p: Prepared) -> Self {
+        Self {
+            paths,
+            tokenizer: p.tokenizer,
+            splits: p.splits,
+            identity: p.meta.identity,
+        }
+    }
+
+    /// Characters, in memory: the documents joined by a blank line, encoded once into ids sized
+    /// exactly, then cut (the same cut as on the text: one character is one id).
+    fn in_memory(
+        paths: &[PathBuf],
+        sources: &Sources,
+        tokenizer: Tokenizer,
+        fraction: f64,
+        block: usize,
+    ) -> Result<Self, DataError> {
+        let brk = match tokenizer.document_break() {
+            DocumentBreak::Text(t) => t,
+            DocumentBreak::Token(_) => unreachable!("characters break documents with text"),
+        };
+        let total = count_chars(sources, brk.chars().count() as u64)?;
+        let mut ids = Vec::with_capacity(total as usize);
+        let vocabulary = |source| DataError::Vocabulary {
+            source,
+            path: paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        for piece in sources.pieces() {
+            match piece? {
+                Piece::Text(t) => tokenizer.encode_into(&t, &mut ids),
+                Piece::Break => tokenizer.encode_into(brk, &mut ids),
+            }
+            .map_err(vocabulary)?;
+        }
+        let splits = Splits::new(ids, fraction, block)?;
         Ok(Self {
-            path: path.to_path_buf(),
+            paths: paths.to_vec(),
             tokenizer,
             splits,
-            identity: corpus.identity(),
+            identity: sources.identity(),
         })
     }
+
+    /// Tokens of one split.
+    pub fn tokens(&self, split: Split) -> usize {
+        self.splits.get(split).len()
+    }
+}
+
+/// The vocabulary of the documents' characters, with the blank line that joins them.
+pub fn char_vocabulary(sources: &Sources) -> Result<CharTokenizer, CorpusError> {
+    // A pass to collect the set: the vocabulary is built from it without holding the text.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut ascii = [false; 128];
+    for piece in sources.pieces() {
+        let text = match piece? {
+            Piece::Text(t) => t,
+            Piece::Break => "\n\n".into(),
+        };
+        for c in text.chars() {
+            match ascii.get_mut(c as usize) {
+                Some(a) => *a = true,
+                None => {
+                    seen.insert(c);
+                }
+            }
+        }
+    }
+    let ascii = (0u8..128).filter(|&b| ascii[b as usize]).map(char::from);
+    Ok(CharTokenizer::from_chars(ascii.chain(seen)))
 }
 
 /// Token ids `[B, T]` as an integer tensor on `device`.

@@ -66,8 +66,9 @@ impl TextLoss {
         self.loss.exp()
     }
 
-    /// The loss in bits: what a compressor driven by the model would spend per character.
-    pub fn bits_per_char(&self) -> f64 {
+    /// The loss in bits: what a compressor driven by the model would spend per token (per
+    /// character for a character model).
+    pub fn bits_per_token(&self) -> f64 {
         self.loss / std::f64::consts::LN_2
     }
 }

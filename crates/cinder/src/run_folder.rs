@@ -27,7 +27,11 @@ fn run_entries() -> Vec<String> {
         names.push(format!(".{name}.tmp"));
         names.push(format!(".{name}.old"));
     }
-    names.extend([CONFIG.to_string(), PLOT.to_string()]);
+    names.extend([
+        CONFIG.to_string(),
+        PLOT.to_string(),
+        crate::data::PREPARED_DIR.to_string(),
+    ]);
     names
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use cinder_data::{Batcher, CharTokenizer, Split, Splits, TextIdentity};
+use cinder_data::{Batcher, Split, Splits, TextIdentity, Tokenizer};
 use cinder_model::Gpt;
 
 use crate::checkpoint::{self, CheckpointError, Meta};
@@ -107,7 +107,7 @@ pub enum Outcome {
 pub struct Trainer {
     pub config: TrainConfig,
     pub backend: Backend,
-    pub tokenizer: CharTokenizer,
+    pub tokenizer: Tokenizer,
     pub splits: Splits,
     /// The model on the autodiff device (behind the kernels' weights until [`Trainer::model`]
     /// brings it up to date).
@@ -120,8 +120,8 @@ pub struct Trainer {
     /// Iterations completed.
     pub iter: u64,
     pub best_val_loss: Option<f32>,
-    /// The training text, recorded in checkpoints so a resume finds it.
-    pub data_path: PathBuf,
+    /// The training data's paths, recorded in checkpoints so a resume finds them.
+    pub data_paths: Vec<PathBuf>,
     /// The training text's size and checksum, recorded in checkpoints so a resume can tell
     /// that the text changed.
     pub data_identity: TextIdentity,
@@ -182,13 +182,12 @@ impl Trainer {
         meta: &Meta,
         config: TrainConfig,
         backend: Backend,
-        mut data: TrainingData,
+        data: TrainingData,
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         let model = checkpoint::load_model(dir, meta, &device)?;
         let optim = checkpoint::load_optimizer(dir, meta, adamw(&config, &model))?;
-        data.tokenizer = meta.vocab.clone();
         let state = (model, optim, meta.iter, meta.best_val_loss);
         Self::assemble(config, backend, data, state, out_dir)
     }
@@ -211,7 +210,7 @@ impl Trainer {
             optim,
             iter,
             best_val_loss,
-            data_path: data.path,
+            data_paths: data.paths,
             data_identity: data.identity,
             out_dir,
             kernels: None,
@@ -447,11 +446,12 @@ impl Trainer {
         }
         let dir = self.out_dir.join(name);
         let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
-        meta.data_path = self.data_path.clone();
+        meta.data_path = self.data_paths.first().cloned().unwrap_or_default();
+        meta.data_paths = self.data_paths.clone();
         meta.data_identity = Some(self.data_identity);
         meta.best_val_loss = self.best_val_loss;
         meta.val_loss = val_loss;
-        checkpoint::save(&dir, &meta, &self.model, Some(&self.optim))?;
+        checkpoint::save(&dir, &meta, &self.tokenizer, &self.model, Some(&self.optim))?;
         observer.checkpoint(name, &dir, self.iter);
         Ok(())
     }

@@ -34,9 +34,10 @@ fn data_path_missing_folder_or_unreadable() {
         train(dir.path()).args(["--data", "nope.txt"]),
         &["nope.txt", "does not exist"],
     );
+    // A folder is a set of documents: one without .txt files is refused.
     fails_with(
         train(dir.path()).arg("--data").arg(dir.path()),
-        &["is a folder"],
+        &["has no .txt files"],
     );
     let file = write(dir.path(), "file.txt", "abc");
     fails_with(
@@ -60,7 +61,7 @@ fn empty_short_and_non_utf8_texts() {
             .arg(&short)
             .args(tiny_flags()),
         &[
-            "val split has 10 characters",
+            "val split has 10 tokens",
             "block_size + 1 = 17",
             "--block-size",
         ],

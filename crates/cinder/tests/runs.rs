@@ -258,11 +258,14 @@ fn fine_tuning_starts_from_exactly_the_checkpoints_weights() {
         learning_rate: 1e-4,
         ..meta.config.clone()
     };
-    let data = cinder::data::TrainingData::load(
-        &dir.path().join("corpus.txt"),
-        Some(meta.vocab.clone()),
-        config.train_fraction,
-        config.block_size,
+    let tokenizer = checkpoint::load_tokenizer(&ckpt, &meta).unwrap();
+    let data = cinder::data::TrainingData::open(
+        &[dir.path().join("corpus.txt")],
+        Some(&tokenizer),
+        &cinder::data::TokenizerChoice::Char,
+        &config,
+        None,
+        &mut |_, _, _| {},
     )
     .unwrap();
     let mut t = cinder::train::Trainer::fine_tune(

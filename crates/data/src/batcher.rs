@@ -7,7 +7,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::split::Split;
+use crate::split::{Ids, Split};
 
 /// `batch_size` windows of `block_size` inputs, each with its targets: the next token at every
 /// position. Stored row-major, `[batch_size, block_size]`.
@@ -40,7 +40,14 @@ impl Batcher {
     /// Different `(split, stream, index)` give independent batches.
     ///
     /// `tokens` must hold at least `block_size + 1` ids (see [`crate::Splits::new`]).
-    pub fn batch(&self, tokens: &[u32], split: Split, stream: u64, index: u64) -> Batch {
+    pub fn batch<'a>(
+        &self,
+        tokens: impl Into<Ids<'a>>,
+        split: Split,
+        stream: u64,
+        index: u64,
+    ) -> Batch {
+        let tokens = tokens.into();
         let window = self.block_size + 1;
         assert!(tokens.len() >= window, "split shorter than one window");
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
@@ -51,9 +58,8 @@ impl Batcher {
         let mut targets = Vec::with_capacity(self.batch_size * self.block_size);
         for _ in 0..self.batch_size {
             let start = rng.random_range(0..=tokens.len() - window);
-            let w = &tokens[start..start + window];
-            inputs.extend_from_slice(&w[..self.block_size]);
-            targets.extend_from_slice(&w[1..]);
+            tokens.extend_into(start..start + self.block_size, &mut inputs);
+            tokens.extend_into(start + 1..start + window, &mut targets);
         }
         Batch {
             inputs,

@@ -1,147 +1,237 @@
-//! The character tokenizer: the vocabulary is the sorted set of characters of the training text,
-//! and a character's id is its position in that set.
+//! A run's tokenizer: characters, or byte-level BPE. Text in (already normalised: see
+//! [`crate::corpus`]), token ids out, and back, streaming.
 
-use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// Text that the vocabulary cannot encode.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("the vocabulary has no {}: {}", plural(.0.len()), list(.0))]
-pub struct TokenizerError(
-    /// The unknown characters, each once, in order of first appearance.
-    pub Vec<char>,
-);
+use crate::bpe::{BpeError, BpeTokenizer};
+use crate::chars::{CharTokenizer, TokenizerError};
 
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "character" } else { "characters" }
+/// The file a BPE tokenizer is saved in, beside the record that names it.
+pub const TOKENIZER_JSON: &str = "tokenizer.json";
+
+/// How a tokenizer is recorded in a `meta.json`: a character vocabulary inline (a JSON array of
+/// characters, as every checkpoint before BPE has it), or a BPE in a `tokenizer.json` beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // one per run or checkpoint: its size does not matter
+pub enum TokenizerRecord {
+    Chars(CharTokenizer),
+    Bpe { bpe: String, vocab_size: usize },
 }
 
-fn list(chars: &[char]) -> String {
-    chars
-        .iter()
-        .map(|c| format!("{c:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// A character-level vocabulary.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "Vec<char>", into = "Vec<char>")]
-pub struct CharTokenizer {
-    chars: Vec<char>,
-    #[serde(skip)]
-    ascii: [Option<u32>; 128],
-    #[serde(skip)]
-    ids: HashMap<char, u32>,
-}
-
-impl CharTokenizer {
-    /// The vocabulary of the given characters.
-    pub fn from_chars(chars: impl IntoIterator<Item = char>) -> Self {
-        // ASCII through a table: a corpus of gigabytes is mostly ASCII.
-        let mut ascii = [false; 128];
-        let mut other = BTreeSet::new();
-        for c in chars {
-            match ascii.get_mut(c as usize) {
-                Some(seen) => *seen = true,
-                None => {
-                    other.insert(c);
-                }
-            }
-        }
-        let ascii = (0u8..128).filter(|&b| ascii[b as usize]).map(char::from);
-        Self::from_sorted(ascii.chain(other).collect())
-    }
-
-    fn from_sorted(chars: Vec<char>) -> Self {
-        let mut ascii = [None; 128];
-        let mut ids = HashMap::new();
-        for (i, &c) in chars.iter().enumerate() {
-            match ascii.get_mut(c as usize) {
-                Some(slot) => *slot = Some(i as u32),
-                None => {
-                    ids.insert(c, i as u32);
-                }
-            }
-        }
-        Self { chars, ascii, ids }
-    }
-
-    /// Number of distinct characters.
+impl TokenizerRecord {
     pub fn vocab_size(&self) -> usize {
-        self.chars.len()
-    }
-
-    /// The characters, sorted; a character's id is its index here.
-    pub fn chars(&self) -> &[char] {
-        &self.chars
-    }
-
-    /// The id of one character, if it is in the vocabulary.
-    pub fn id(&self, c: char) -> Option<u32> {
-        match self.ascii.get(c as usize) {
-            Some(&id) => id,
-            None => self.ids.get(&c).copied(),
+        match self {
+            TokenizerRecord::Chars(t) => t.vocab_size(),
+            TokenizerRecord::Bpe { vocab_size, .. } => *vocab_size,
         }
     }
 
-    /// Ids of every character, or an error listing the characters the vocabulary lacks.
-    pub fn encode(
-        &self,
-        chars: impl IntoIterator<Item = char>,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    /// The file, inside the folder of the record, that holds the tokenizer, if any.
+    pub fn file(&self) -> Option<&str> {
+        match self {
+            TokenizerRecord::Chars(_) => None,
+            TokenizerRecord::Bpe { bpe, .. } => Some(bpe),
+        }
+    }
+
+    /// The tokenizer recorded; `json` is the text of [`TokenizerRecord::file`] (read and
+    /// checked by the caller), needed for BPE.
+    pub fn load(&self, json: Option<&str>) -> Result<Tokenizer, String> {
+        match (self, json) {
+            (TokenizerRecord::Chars(t), _) => Ok(Tokenizer::Char(t.clone())),
+            (TokenizerRecord::Bpe { bpe, .. }, None) => Err(format!("{bpe} is missing")),
+            (TokenizerRecord::Bpe { vocab_size, .. }, Some(json)) => {
+                let t = BpeTokenizer::from_json(json)?;
+                if t.vocab_size() != *vocab_size {
+                    return Err(format!(
+                        "it has {} tokens, but {vocab_size} are recorded",
+                        t.vocab_size()
+                    ));
+                }
+                Ok(Tokenizer::Bpe(t))
+            }
+        }
+    }
+
+    /// Reads the tokenizer recorded for the folder `dir`.
+    pub fn load_from(&self, dir: &Path) -> Result<Tokenizer, String> {
+        let json = match self.file() {
+            Some(name) => Some(
+                std::fs::read_to_string(dir.join(name))
+                    .map_err(|e| format!("cannot read {}: {e}", dir.join(name).display()))?,
+            ),
+            None => None,
+        };
+        self.load(json.as_deref())
+    }
+}
+
+/// Text that could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error(transparent)]
+    Unknown(#[from] TokenizerError),
+    #[error(transparent)]
+    Bpe(#[from] BpeError),
+}
+
+/// Characters or BPE.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // one per run: its size does not matter
+pub enum Tokenizer {
+    Char(CharTokenizer),
+    Bpe(BpeTokenizer),
+}
+
+impl Tokenizer {
+    /// `char` or `bpe`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Tokenizer::Char(_) => "char",
+            Tokenizer::Bpe(_) => "bpe",
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Char(t) => t.vocab_size(),
+            Tokenizer::Bpe(t) => t.vocab_size(),
+        }
+    }
+
+    /// How to record this tokenizer, and the text of the file to write beside the record.
+    pub fn record(&self) -> (TokenizerRecord, Option<String>) {
+        match self {
+            Tokenizer::Char(t) => (TokenizerRecord::Chars(t.clone()), None),
+            Tokenizer::Bpe(t) => (
+                TokenizerRecord::Bpe {
+                    bpe: TOKENIZER_JSON.into(),
+                    vocab_size: t.vocab_size(),
+                },
+                Some(t.to_json()),
+            ),
+        }
+    }
+
+    /// What one token is, for messages: "characters" or "tokens".
+    pub fn unit(&self) -> &'static str {
+        match self {
+            Tokenizer::Char(_) => "characters",
+            Tokenizer::Bpe(_) => "tokens",
+        }
+    }
+
+    /// Appends the ids of `text` to `ids`; on error `ids` is left as it was.
+    pub fn encode_into(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), EncodeError> {
+        match self {
+            Tokenizer::Char(t) => Ok(t.encode_into(text.chars(), ids)?),
+            Tokenizer::Bpe(t) => Ok(t.encode_into(text, ids)?),
+        }
+    }
+
+    /// The ids of `text`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
         let mut ids = Vec::new();
-        self.encode_into(chars, &mut ids)?;
+        self.encode_into(text, &mut ids)?;
         Ok(ids)
     }
 
-    /// [`encode`](Self::encode), appending to `ids`: with their capacity reserved beforehand, a
-    /// text of gigabytes is encoded without the transient second copy a growing vector makes.
-    /// On error `ids` is left as it was.
-    pub fn encode_into(
-        &self,
-        chars: impl IntoIterator<Item = char>,
-        ids: &mut Vec<u32>,
-    ) -> Result<(), TokenizerError> {
-        let before = ids.len();
-        let mut unknown = Vec::new();
-        for c in chars {
-            match self.id(c) {
-                Some(id) => ids.push(id),
-                None if !unknown.contains(&c) => unknown.push(c),
-                None => {}
+    /// What goes between two documents: the end-of-text token for BPE, a blank line for
+    /// characters (as text, so that it encodes like the rest).
+    pub fn document_break(&self) -> DocumentBreak {
+        match self {
+            Tokenizer::Bpe(t) => match t.end_of_text() {
+                Some(id) => DocumentBreak::Token(id),
+                None => DocumentBreak::Text("\n\n"),
+            },
+            Tokenizer::Char(_) => DocumentBreak::Text("\n\n"),
+        }
+    }
+
+    /// The bytes token `id` stands for; panics on an id outside the vocabulary (a model's
+    /// output never is).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self {
+            Tokenizer::Char(t) => t.decode(&[id]).into_bytes(),
+            Tokenizer::Bpe(t) => t
+                .token_bytes(id)
+                .unwrap_or_else(|| panic!("token {id} is outside the vocabulary")),
+        }
+    }
+
+    /// The text of `ids`; bytes that do not decode become U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut stream = TextStream::new(self);
+        let mut text: String = ids.iter().map(|&id| stream.push(id)).collect();
+        text.push_str(&stream.finish());
+        text
+    }
+}
+
+/// What [`Tokenizer::document_break`] puts between documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocumentBreak {
+    Token(u32),
+    Text(&'static str),
+}
+
+/// Turns token ids into text as they come. A token may end inside a UTF-8 character: its bytes
+/// are held back until the character is complete; bytes that can never decode become U+FFFD.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u8>,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The text that token `id` completes (possibly empty).
+    pub fn push(&mut self, id: u32) -> String {
+        self.pending.extend(self.tokenizer.token_bytes(id));
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(text) => {
+                    out.push_str(text);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // from_utf8 found these bytes valid: the unwrap_or_default never applies.
+                    out.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
+                    match e.error_len() {
+                        // Bytes that no continuation can make valid.
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..valid + bad);
+                        }
+                        // The start of a character whose other bytes may come next.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                    }
+                }
             }
         }
-        if unknown.is_empty() {
-            Ok(())
+    }
+
+    /// The end of the stream: bytes still held back never decoded.
+    pub fn finish(self) -> String {
+        if self.pending.is_empty() {
+            String::new()
         } else {
-            ids.truncate(before);
-            Err(TokenizerError(unknown))
+            char::REPLACEMENT_CHARACTER.to_string()
         }
-    }
-
-    /// The characters with the given ids. Panics on an id outside the vocabulary (a model's
-    /// output never is).
-    pub fn decode(&self, ids: &[u32]) -> String {
-        ids.iter().map(|&i| self.chars[i as usize]).collect()
-    }
-}
-
-impl TryFrom<Vec<char>> for CharTokenizer {
-    type Error = String;
-
-    fn try_from(chars: Vec<char>) -> Result<Self, Self::Error> {
-        if chars.windows(2).any(|w| w[0] >= w[1]) {
-            return Err("the vocabulary must be sorted characters without repeats".into());
-        }
-        Ok(Self::from_sorted(chars))
-    }
-}
-
-impl From<CharTokenizer> for Vec<char> {
-    fn from(t: CharTokenizer) -> Self {
-        t.chars
     }
 }
 
@@ -149,60 +239,78 @@ impl From<CharTokenizer> for Vec<char> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn vocabulary_is_sorted_unique_characters_not_bytes() {
-        let t = CharTokenizer::from_chars("héllo wörld".chars());
-        assert_eq!(t.chars(), &[' ', 'd', 'h', 'l', 'o', 'r', 'w', 'é', 'ö']);
-        assert_eq!(t.id('é'), Some(7));
+    /// The token that is the single byte `b`.
+    fn byte_token(t: &Tokenizer, b: u8) -> u32 {
+        (0..t.vocab_size() as u32)
+            .find(|&id| t.token_bytes(id) == [b])
+            .unwrap()
+    }
+
+    fn bpe() -> Tokenizer {
+        let text = "To be, or not to be: 🦀 über 東京 e\u{301}\n".repeat(40);
+        Tokenizer::Bpe(BpeTokenizer::train(text.lines(), 320).unwrap())
     }
 
     #[test]
-    fn round_trip() {
-        let text = "To be, or not to be: that is the question.\n";
-        let t = CharTokenizer::from_chars(text.chars());
-        let ids = t.encode(text.chars()).unwrap();
-        assert_eq!(ids.len(), text.chars().count());
-        assert_eq!(t.decode(&ids), text);
+    fn round_trips_over_arbitrary_unicode() {
+        let t = bpe();
+        let samples = [
+            "plain ascii, with  spaces\tand\nnewlines",
+            "emoji 🦀🧪👩‍👩‍👧 and flags 🇫🇷",
+            "combining: e\u{301} a\u{308}\u{332} Z\u{335}\u{30d}",
+            "CJK 東京は日本の首都です, 한국어, ภาษาไทย",
+            "rare: \u{10FFFF} \u{0} \u{7f} \u{feff}",
+        ];
+        for s in samples {
+            let ids = t.encode(s).unwrap();
+            assert_eq!(t.decode(&ids), s);
+            // Streaming, token by token, gives the same text.
+            let mut stream = TextStream::new(&t);
+            let mut out: String = ids.iter().map(|&id| stream.push(id)).collect();
+            out.push_str(&stream.finish());
+            assert_eq!(out, s);
+        }
     }
 
     #[test]
-    fn encoding_into_a_sized_vector_never_regrows_it() {
-        let text = "abcab".repeat(1000);
-        let t = CharTokenizer::from_chars(text.chars());
-        let mut ids = Vec::with_capacity(text.chars().count());
-        let before = ids.as_ptr();
-        t.encode_into(text.chars(), &mut ids).unwrap();
-        assert_eq!((ids.len(), ids.capacity()), (5000, 5000));
-        assert_eq!(ids.as_ptr(), before, "no reallocation: one copy of the ids");
+    fn a_character_split_across_tokens_is_held_back_until_whole() {
+        let t = bpe();
+        // Single-byte tokens of "ü" (0xC3 0xBC) and "🦀" (4 bytes) come out at their last byte.
+        let byte_id = |b: u8| byte_token(&t, b);
+        let mut stream = TextStream::new(&t);
+        assert_eq!(stream.push(byte_id(0xC3)), "");
+        assert_eq!(stream.push(byte_id(0xBC)), "ü");
+        let crab = "🦀".as_bytes();
+        for &b in &crab[..3] {
+            assert_eq!(stream.push(byte_id(b)), "");
+        }
+        assert_eq!(stream.push(byte_id(crab[3])), "🦀");
+        assert_eq!(stream.finish(), "");
     }
 
     #[test]
-    fn unknown_characters_are_named_once_each() {
-        let t = CharTokenizer::from_chars("abc".chars());
-        let err = t.encode("abzxz".chars()).unwrap_err();
-        assert_eq!(err.0, vec!['z', 'x']);
-        assert_eq!(
-            err.to_string(),
-            "the vocabulary has no characters: 'z', 'x'"
-        );
+    fn bytes_that_never_decode_become_replacement_characters() {
+        let t = bpe();
+        let byte_id = |b: u8| byte_token(&t, b);
+        let mut stream = TextStream::new(&t);
+        // A lone continuation byte, then an 'a'.
+        assert_eq!(stream.push(byte_id(0x80)), "\u{fffd}");
+        assert_eq!(stream.push(byte_id(b'a')), "a");
+        // A character's start, interrupted by an ASCII byte.
+        assert_eq!(stream.push(byte_id(0xE6)), "");
+        assert_eq!(stream.push(byte_id(b'b')), "\u{fffd}b");
+        // An undecodable tail at the end of the stream.
+        assert_eq!(stream.push(byte_id(0xF0)), "");
+        assert_eq!(stream.push(byte_id(0x9F)), "");
+        assert_eq!(stream.finish(), "\u{fffd}");
     }
 
     #[test]
-    fn a_failed_encoding_leaves_the_vector_as_it_was() {
-        let t = CharTokenizer::from_chars("abc".chars());
-        let mut ids = vec![7];
-        t.encode_into("abzc".chars(), &mut ids).unwrap_err();
-        assert_eq!(ids, vec![7]);
-    }
-
-    #[test]
-    fn serde_round_trip_and_rejects_unsorted() {
-        let t = CharTokenizer::from_chars("hello".chars());
-        let json = serde_json::to_string(&t).unwrap();
-        assert_eq!(json, r#"["e","h","l","o"]"#);
-        let back: CharTokenizer = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, t);
-        assert_eq!(back.id('o'), Some(3));
-        assert!(serde_json::from_str::<CharTokenizer>(r#"["b","a"]"#).is_err());
+    fn characters_encode_as_before() {
+        let t = Tokenizer::Char(CharTokenizer::from_chars("abc\n".chars()));
+        assert_eq!(t.encode("cab\n").unwrap(), vec![3, 1, 2, 0]);
+        assert_eq!(t.decode(&[3, 1, 2]), "cab");
+        assert!(t.encode("abz").is_err());
+        assert_eq!(t.document_break(), DocumentBreak::Text("\n\n"));
     }
 }

@@ -8,7 +8,7 @@ use burn::module::Module;
 use burn::prelude::*;
 use cinder::cli::{Overrides, exit_on_error};
 use cinder::config::TrainConfig;
-use cinder::data::TrainingData;
+use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::generate::{GenerateOptions, generate};
 use cinder::kernels::Engine;
@@ -156,8 +156,15 @@ fn trainer(
     config: &TrainConfig,
     backend: &Backend,
 ) -> anyhow::Result<Trainer> {
-    let d = TrainingData::load(data, None, config.train_fraction, config.block_size)?;
-    let out = std::env::temp_dir();
+    let out = std::env::temp_dir().join(format!("cinder-bench-{}", std::process::id()));
+    let d = TrainingData::open(
+        &[data.to_path_buf()],
+        None,
+        &TokenizerChoice::of(config),
+        config,
+        Some(&out),
+        &mut |_, _, _| {},
+    )?;
     Ok(Trainer::new(config.clone(), backend.clone(), d, out)?)
 }
 

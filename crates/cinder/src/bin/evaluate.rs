@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use cinder::checkpoint;
 use cinder::cli::exit_on_error;
-use cinder::data::TrainingData;
+use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::eval::text_loss;
 use cinder::kernels::{self, Engine};
 use cinder::train::{BEST, LATEST};
-use cinder_data::{Corpus, Split};
+use cinder_data::{Corpus, Split, Tokenizer};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -60,26 +60,33 @@ fn run(args: Args) -> anyhow::Result<()> {
         bail!("--batch-size is 0, but it must be at least 1");
     }
     let backend = Backend::select(args.device)?;
-    let checkpoint::Loaded { dir, meta, model } =
-        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    let checkpoint::Loaded {
+        dir,
+        meta,
+        tokenizer,
+        model,
+    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
     let block = meta.config.block_size;
     let (ids, what) = match &args.data {
         Some(path) => {
             let corpus = Corpus::open(path)?;
-            let ids = meta
-                .vocab
-                .encode(corpus.chars()?)
+            let text: String = corpus.chars()?.collect();
+            let ids = tokenizer
+                .encode(&text)
                 .map_err(|e| anyhow::anyhow!("{} does not fit the model: {e}", path.display()))?;
             (ids, path.display().to_string())
         }
         None => {
-            let data = TrainingData::load(
-                &meta.data_path,
-                Some(meta.vocab.clone()),
-                meta.config.train_fraction,
-                block,
+            let paths = meta.data_paths();
+            let data = TrainingData::open(
+                &paths,
+                Some(&tokenizer),
+                &TokenizerChoice::Char,
+                &meta.config,
+                None,
+                &mut |_, _, _| {},
             )
-            .with_context(|| "cannot load the run's training text: pass a text with --data")?;
+            .with_context(|| "cannot load the run's training data: pass a text with --data")?;
             let split = match args.split {
                 SplitArg::Train => Split::Train,
                 SplitArg::Val => Split::Val,
@@ -87,14 +94,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             let ids = data.splits.get(split).to_vec();
             (
                 ids,
-                format!("the {} split of {}", split.name(), meta.data_path.display()),
+                format!("the {} split of {}", split.name(), paths[0].display()),
             )
         }
     };
     if ids.len() < block + 1 {
         bail!(
-            "{what} has {} characters, but one window needs block_size + 1 = {}: give a longer text",
+            "{what} has {} {}, but one window needs block_size + 1 = {}: give a longer text",
             ids.len(),
+            tokenizer.unit(),
             block + 1
         );
     }
@@ -131,14 +139,28 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    // The bytes of normalised UTF-8 text the predicted tokens stand for.
+    let bytes: usize = ids[1..=result.predicted]
+        .iter()
+        .map(|&id| tokenizer.token_bytes(id).len())
+        .sum();
+    let bits_per_byte = result.bits_per_token() * result.predicted as f64 / bytes.max(1) as f64;
     if !args.quiet {
-        println!("{what}: {} characters predicted", result.predicted);
+        println!(
+            "{what}: {} {} predicted ({bytes} bytes)",
+            result.predicted,
+            tokenizer.unit()
+        );
     }
+    let per = match tokenizer {
+        Tokenizer::Char(_) => "char",
+        Tokenizer::Bpe(_) => "token",
+    };
     println!(
-        "loss {:.4} nats/char, perplexity {:.3}, {:.4} bits/char",
+        "loss {:.4} nats/{per}, perplexity {:.3}, {:.4} bits/{per}, {bits_per_byte:.4} bits/byte",
         result.loss,
         result.perplexity(),
-        result.bits_per_char()
+        result.bits_per_token()
     );
     Ok(())
 }

@@ -12,6 +12,7 @@ use cinder::generate::{GenerateOptions, generate};
 use cinder::kernels::{self, Engine};
 use cinder::sampling::SamplingParams;
 use cinder::train::{BEST, LATEST};
+use cinder_data::{TextStream, Tokenizer};
 use clap::Parser;
 
 /// Sample text from a trained cinder checkpoint.
@@ -71,8 +72,12 @@ fn main() {
 fn run(args: Args) -> anyhow::Result<()> {
     check_flags(&args)?;
     let backend = Backend::select(args.device)?;
-    let checkpoint::Loaded { dir, meta, model } =
-        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    let checkpoint::Loaded {
+        dir,
+        meta,
+        tokenizer,
+        model,
+    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
     if !args.quiet {
         eprintln!(
             "cinder {}: {}; checkpoint {} (iteration {}, val loss {})",
@@ -89,20 +94,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read prompt file {}", path.display()))?,
         None => args.prompt.clone(),
     };
-    let chars: Vec<char> = cinder_data::normalized_chars(&prompt_text).collect();
-    let prompt = match meta.vocab.encode(chars.iter().copied()) {
-        Ok(ids) => ids,
-        Err(e) if args.drop_unknown => {
+    let text: String = cinder_data::normalized_chars(&prompt_text).collect();
+    let prompt = match (tokenizer.encode(&text), &tokenizer) {
+        (Ok(ids), _) => ids,
+        (Err(e), Tokenizer::Char(chars)) if args.drop_unknown => {
             eprintln!("dropping prompt characters the vocabulary lacks: {e}");
-            let kept = chars
-                .iter()
-                .copied()
-                .filter(|&c| meta.vocab.id(c).is_some());
-            meta.vocab
-                .encode(kept)
-                .expect("only known characters are left")
+            let kept = text.chars().filter(|&c| chars.id(c).is_some());
+            chars.encode(kept).expect("only known characters are left")
         }
-        Err(e) => {
+        (Err(e), _) => {
             bail!("the prompt does not fit the model: {e}. Remove them, or pass --drop-unknown")
         }
     };
@@ -122,7 +122,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         use_cache: !args.no_cache,
         kernels: kernels::for_inference(args.engine, &backend).map_err(anyhow::Error::msg)?,
     };
-    let prompt_str = meta.vocab.decode(&prompt);
+    let prompt_str = tokenizer.decode(&prompt);
     let mut out = std::io::stdout().lock();
     let separator = "\n---------------\n";
     if !args.quiet {
@@ -131,26 +131,30 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     // The first sample streams as it is generated; the others print when the batch is done.
+    // A token may end inside a character: the stream holds such bytes back until they decode.
+    let mut stream = TextStream::new(&tokenizer);
     let samples = generate(&model, &prompt, &opts, &backend.device, |sample, token| {
         if sample == 0 {
-            let _ = write!(out, "{}", meta.vocab.decode(&[token]));
+            let _ = write!(out, "{}", stream.push(token));
             let _ = out.flush();
         }
     });
+    write!(out, "{}", stream.finish())?;
     let seconds = started.elapsed().as_secs_f64();
     for sample in &samples[1..] {
         write!(out, "{separator}")?;
         if !args.quiet {
             write!(out, "{prompt_str}")?;
         }
-        write!(out, "{}", meta.vocab.decode(sample))?;
+        write!(out, "{}", tokenizer.decode(sample))?;
     }
     writeln!(out)?;
     out.flush()?;
     if !args.quiet {
         let tokens = args.max_new_tokens * args.num_samples;
+        let unit = tokenizer.unit();
         eprintln!(
-            "generated {tokens} characters in {seconds:.2} s ({:.0} characters/s{})",
+            "generated {tokens} {unit} in {seconds:.2} s ({:.0} {unit}/s{})",
             tokens as f64 / seconds.max(1e-9),
             if args.no_cache { ", no cache" } else { "" }
         );

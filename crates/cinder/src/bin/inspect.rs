@@ -52,8 +52,20 @@ fn main() {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let backend = Backend::select(args.device)?;
-    let checkpoint::Loaded { dir, meta, model } =
-        checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    let checkpoint::Loaded {
+        dir,
+        meta,
+        tokenizer,
+        model,
+    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    let cinder_data::Tokenizer::Char(vocab) = tokenizer else {
+        bail!(
+            "{} has a {} tokenizer: inspect labels positions with characters, and reads \
+             character models only",
+            dir.display(),
+            tokenizer.name()
+        );
+    };
     let text = match &args.text_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,
@@ -71,8 +83,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
         chars.drain(..chars.len() - block);
     }
-    let ids = meta
-        .vocab
+    let ids = vocab
         .encode(chars.iter().copied())
         .map_err(|e| anyhow::anyhow!("the text does not fit the model: {e}"))?;
     let position = args.position.unwrap_or(chars.len() - 1);

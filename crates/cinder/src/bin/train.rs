@@ -9,7 +9,7 @@ use burn::module::Module;
 use cinder::checkpoint;
 use cinder::cli::{Overrides, adopt_architecture, apply_on_resume, exit_on_error};
 use cinder::config::TrainConfig;
-use cinder::data::TrainingData;
+use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::kernels::Engine;
 use cinder::metrics::{self, MetricsLog};
@@ -38,9 +38,10 @@ struct Args {
     /// Run configuration (TOML); fields it leaves out take the built-in tiny_cpu values
     #[arg(long, default_value = DEFAULT_CONFIG, conflicts_with = "resume")]
     config: PathBuf,
-    /// Training text, UTF-8 [default: data/tinyshakespeare.txt, or the resumed run's text]
-    #[arg(long)]
-    data: Option<PathBuf>,
+    /// Training data: UTF-8 text files, folders of .txt files (documents), or a folder made by
+    /// `prepare` [default: data/tinyshakespeare.txt, or the resumed run's data]
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    data: Vec<PathBuf>,
     /// Run folder for checkpoints [default: checkpoints/<config file name>, or the resumed run's]
     #[arg(long)]
     out: Option<PathBuf>,
@@ -113,9 +114,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         engine_description(trainer.engine_name())
     ));
     say(format!(
-        "model: {} parameters, vocabulary {} characters; run folder {}",
+        "model: {} parameters, vocabulary {} {}; run folder {}",
         trainer.model().num_params(),
         trainer.tokenizer.vocab_size(),
+        trainer.tokenizer.unit(),
         trainer.out_dir.display()
     ));
 
@@ -210,7 +212,11 @@ fn start(
         .out
         .clone()
         .unwrap_or_else(|| Path::new("checkpoints").join(name));
-    let data_path = args.data.clone().unwrap_or_else(|| DEFAULT_DATA.into());
+    let data_paths = if args.data.is_empty() {
+        vec![PathBuf::from(DEFAULT_DATA)]
+    } else {
+        args.data.clone()
+    };
 
     // The checkpoint to start from, if any, gives the architecture and the vocabulary.
     let init = match &config.init_from {
@@ -233,35 +239,8 @@ fn start(
     config.validate()?;
 
     let lock = RunLock::acquire(&out)?;
-    // Refuse an old run before the text is read; move it aside only once the text is good.
-    if !args.overwrite {
-        lock.clear_for_new_run(false)?;
-    }
-    say(format!(
-        "configuration ({}):\n{}",
-        args.config.display(),
-        indent(&config.to_toml())
-    ));
-    let data = match &init {
-        Some((dir, meta)) => TrainingData::load(
-            &data_path,
-            Some(meta.vocab.clone()),
-            config.train_fraction,
-            config.block_size,
-        )
-        .with_context(|| {
-            format!(
-                "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's vocabulary \
-                 of {} characters; remove those characters from the text, or train a new model \
-                 on it without --init-from",
-                dir.display(),
-                data_path.display(),
-                meta.vocab.vocab_size()
-            )
-        })?,
-        None => TrainingData::load(&data_path, None, config.train_fraction, config.block_size)?,
-    };
-    report_data(&data, say);
+    // Refuse an old run (or move it aside) before the data is read: a BPE run prepares its
+    // token files in the run folder.
     if let Some(aside) = lock.clear_for_new_run(args.overwrite)? {
         say(format!(
             "moved the old run in {} aside into {}",
@@ -269,6 +248,45 @@ fn start(
             aside.display()
         ));
     }
+    say(format!(
+        "configuration ({}):\n{}",
+        args.config.display(),
+        indent(&config.to_toml())
+    ));
+    let mut progress = progress_lines(say);
+    let data = match &init {
+        Some((dir, meta)) => {
+            let tokenizer = checkpoint::load_tokenizer(dir, meta)?;
+            TrainingData::open(
+                &data_paths,
+                Some(&tokenizer),
+                &TokenizerChoice::of(&config),
+                &config,
+                Some(&out),
+                &mut progress,
+            )
+            .with_context(|| {
+                format!(
+                    "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's \
+                     tokenizer ({}, {} tokens); remove what it cannot encode from the text, or \
+                     train a new model on it without --init-from",
+                    dir.display(),
+                    show(&data_paths),
+                    tokenizer.name(),
+                    tokenizer.vocab_size()
+                )
+            })?
+        }
+        None => TrainingData::open(
+            &data_paths,
+            None,
+            &TokenizerChoice::of(&config),
+            &config,
+            Some(&out),
+            &mut progress,
+        )?,
+    };
+    report_data(&data, say);
     let config_path = out.join(run_folder::CONFIG);
     std::fs::write(&config_path, config.to_toml())
         .with_context(|| format!("cannot write {}", config_path.display()))?;
@@ -326,18 +344,36 @@ fn resume(
             config.max_iters
         );
     }
-    let data_path = args.data.clone().unwrap_or_else(|| meta.data_path.clone());
-    let data = TrainingData::load(&data_path, None, config.train_fraction, config.block_size)
-        .with_context(|| {
-            if args.data.is_none() && !data_path.exists() {
-                format!(
-                    "the run's text {} is gone: if it moved, pass its new path with --data",
-                    data_path.display()
-                )
-            } else {
-                format!("cannot read the run's text {}", data_path.display())
-            }
-        })?;
+    let data_paths = if args.data.is_empty() {
+        meta.data_paths()
+    } else {
+        args.data.clone()
+    };
+    let saved = checkpoint::load_tokenizer(&dir, &meta)?;
+    // A character run rebuilds its vocabulary from the text, to compare; a BPE run reads its
+    // prepared token files with its own tokenizer.
+    let imposed = match &saved {
+        cinder_data::Tokenizer::Char(_) => None,
+        other => Some(other),
+    };
+    let data = TrainingData::open(
+        &data_paths,
+        imposed,
+        &TokenizerChoice::Char,
+        &config,
+        Some(&out),
+        &mut progress_lines(say),
+    )
+    .with_context(|| {
+        if args.data.is_empty() && data_paths.iter().any(|p| !p.exists()) {
+            format!(
+                "the run's data {} is gone: if it moved, pass its new path with --data",
+                show(&data_paths)
+            )
+        } else {
+            format!("cannot read the run's data {}", show(&data_paths))
+        }
+    })?;
     if let Some(trained_on) = meta.data_identity
         && data.identity != trained_on
     {
@@ -345,19 +381,20 @@ fn resume(
             "{} is not the text this run was trained on: the run read {trained_on}, the file now \
              has {}. Resume with the original text (--data PATH if it moved), or start a new run \
              from these weights on the new text: train --init-from {} --data {} --out NEW_FOLDER",
-            data_path.display(),
+            show(&data_paths),
             data.identity,
             dir.display(),
-            data_path.display()
+            show(&data_paths)
         );
     }
-    if data.tokenizer != meta.vocab {
+    if data.tokenizer != saved {
         bail!(
-            "{} has a different vocabulary ({} characters) from the checkpoint's ({}): resume \
-             with the text the run was started on",
-            data_path.display(),
+            "{} has a different vocabulary ({} {}) from the checkpoint's ({}): resume with the \
+             text the run was started on",
+            show(&data_paths),
             data.tokenizer.vocab_size(),
-            meta.vocab.vocab_size()
+            data.tokenizer.unit(),
+            saved.vocab_size()
         );
     }
     if meta.data_identity.is_none() {
@@ -378,15 +415,38 @@ fn same_folder(a: &Path, b: &Path) -> bool {
 
 fn report_data(data: &TrainingData, say: &dyn Fn(String)) {
     use cinder_data::Split;
+    let unit = data.tokenizer.unit();
     say(format!(
-        "data: {} ({} characters: {} train, {} val; vocabulary {}; {})",
-        data.path.display(),
-        data.splits.get(Split::Train).len() + data.splits.get(Split::Val).len(),
-        data.splits.get(Split::Train).len(),
-        data.splits.get(Split::Val).len(),
+        "data: {} ({} {unit}: {} train, {} val; {} tokenizer of {} tokens; {})",
+        show(&data.paths),
+        data.splits.len(),
+        data.tokens(Split::Train),
+        data.tokens(Split::Val),
+        data.tokenizer.name(),
         data.tokenizer.vocab_size(),
         data.identity
     ));
+}
+
+/// Paths for a message, comma-separated.
+fn show(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Progress of a long data step (training a BPE, encoding) as a line every tenth.
+fn progress_lines(say: &dyn Fn(String)) -> impl FnMut(&str, u64, u64) + '_ {
+    let mut last = (String::new(), u64::MAX);
+    move |what: &str, done: u64, total: u64| {
+        let tenth = (done * 10).checked_div(total).unwrap_or(10);
+        if (what, tenth) != (last.0.as_str(), last.1) {
+            say(format!("{what}: {}%", tenth * 10));
+            last = (what.to_string(), tenth);
+        }
+    }
 }
 
 fn indent(text: &str) -> String {

@@ -54,7 +54,15 @@ pub fn new_trainer(
 
 /// The text at `path`, loaded for a run of `config`.
 pub fn training_data(path: &Path, config: &TrainConfig) -> cinder::data::TrainingData {
-    cinder::data::TrainingData::load(path, None, config.train_fraction, config.block_size).unwrap()
+    cinder::data::TrainingData::open(
+        &[path.to_path_buf()],
+        None,
+        &cinder::data::TokenizerChoice::of(config),
+        config,
+        None,
+        &mut |_, _, _| {},
+    )
+    .unwrap()
 }
 
 /// A model small enough that a step takes milliseconds.
