@@ -324,6 +324,18 @@ mod tests {
         assert_eq!(gpu.dropout, 0.2);
         tiny.validate().unwrap();
         gpu.validate().unwrap();
+        let bpe = TrainConfig::load(&dir.join("shakespeare_bpe.toml")).unwrap();
+        assert_eq!((bpe.tokenizer.as_str(), bpe.vocab_size), ("bpe", 2048));
+        assert_eq!(
+            bpe,
+            TrainConfig {
+                tokenizer: "bpe".into(),
+                vocab_size: 2048,
+                ..TrainConfig::default()
+            },
+            "shakespeare_bpe.toml is tiny_cpu with a BPE"
+        );
+        bpe.validate().unwrap();
     }
 
     #[test]

@@ -166,7 +166,15 @@ impl BpeTokenizer {
         const PART: usize = 16 << 10;
         let mut parts = Vec::new();
         let mut start = 0;
-        let mut i = PART.min(text.len());
+        // The first character boundary at or after byte `at`.
+        let boundary = |mut at: usize| {
+            at = at.min(text.len());
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            at
+        };
+        let mut i = boundary(PART);
         while i < text.len() {
             // The next newline at or after i whose next character is not whitespace.
             match text[i..].find('\n') {
@@ -176,7 +184,7 @@ impl BpeTokenizer {
                     if next.is_some_and(|c| !c.is_whitespace()) {
                         parts.push(&text[start..after]);
                         start = after;
-                        i = (after + PART).min(text.len());
+                        i = boundary(after + PART);
                     } else {
                         i = after;
                     }
@@ -234,13 +242,17 @@ mod tests {
     #[test]
     fn encoding_in_parallel_paragraphs_gives_the_ids_of_the_whole_text() {
         let t = tokenizer();
-        let text =
-            "First Citizen:\n  Before we proceed,\n\n\nhear me speak. ü🦀\n \tAll:\n".repeat(2000);
-        assert!(text.len() > 100 << 10);
-        let mut chunked = Vec::new();
-        t.encode_into(&text, &mut chunked).unwrap();
-        let whole = t.inner.encode_fast(text.as_str(), false).unwrap();
-        assert_eq!(chunked, whole.get_ids());
+        // Paragraph ends fall on every byte offset modulo a character's width.
+        let greek = "Πρῶτος πολίτης·\nἈκούσατέ μου. 東京🦀\n\n".repeat(1500);
+        let english = "First Citizen:\n  Before we proceed,\n\n\nhear me speak. ü🦀\n \tAll:\n";
+        let shifted = (0..4).map(|shift| "x".repeat(shift) + &greek);
+        for text in std::iter::once(english.repeat(2000)).chain(shifted) {
+            assert!(text.len() > 100 << 10);
+            let mut chunked = Vec::new();
+            t.encode_into(&text, &mut chunked).unwrap();
+            let whole = t.inner.encode_fast(text.as_str(), false).unwrap();
+            assert_eq!(chunked, whole.get_ids());
+        }
     }
 
     #[test]
