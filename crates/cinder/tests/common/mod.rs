@@ -211,7 +211,8 @@ pub fn trained_run(dir: &Path) -> PathBuf {
     dir.join("run")
 }
 
-/// Rewrites the checkpoint `dir` as format version 1 wrote it: no text identity.
+/// Rewrites the checkpoint `dir` as format version 1 wrote it: no text identity, one data path,
+/// the character vocabulary inline.
 pub fn make_format_1(dir: &Path) {
     let path = dir.join("meta.json");
     let mut meta: serde_json::Value =
@@ -219,5 +220,7 @@ pub fn make_format_1(dir: &Path) {
     let fields = meta.as_object_mut().unwrap();
     fields.insert("format_version".into(), 1.into());
     fields.remove("data_identity").unwrap();
+    fields.remove("data_paths").unwrap();
+    assert!(fields["vocab"].is_array(), "format 1 has characters only");
     std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
 }
