@@ -125,7 +125,7 @@ impl Meta {
             best_val_loss: None,
             val_loss: None,
             config: config.clone(),
-            vocab: tokenizer.record().0,
+            vocab: tokenizer.record(),
             data_path: PathBuf::new(),
             data_paths: Vec::new(),
             data_identity: None,
@@ -165,7 +165,7 @@ pub fn save(
     if let Some(bytes) = &optim_bytes {
         files.push((OPTIMIZER, bytes.as_ref()));
     }
-    let tokenizer_json = tokenizer.record().1;
+    let tokenizer_json = tokenizer.file_json();
     if let Some(json) = &tokenizer_json {
         files.push((TOKENIZER_JSON, json.as_bytes()));
     }

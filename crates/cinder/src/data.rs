@@ -63,6 +63,31 @@ impl TokenizerChoice {
     }
 }
 
+impl TokenizerChoice {
+    /// The tokenizer this choice makes for `sources`: their characters, a BPE trained on their
+    /// first `train_fraction` (reported through `progress`), or the file named.
+    pub fn make(
+        &self,
+        sources: &Sources,
+        train_fraction: f64,
+        progress: &mut dyn FnMut(&str, u64, u64),
+    ) -> Result<Tokenizer, DataError> {
+        Ok(match self {
+            TokenizerChoice::Char => Tokenizer::Char(char_vocabulary(sources)?),
+            TokenizerChoice::Bpe(vocab_size) => {
+                progress("training the BPE tokenizer", 0, 1);
+                let bpe = prepared::train_bpe(sources, train_fraction, *vocab_size)?;
+                progress("training the BPE tokenizer", 1, 1);
+                Tokenizer::Bpe(bpe)
+            }
+            TokenizerChoice::File(path) => Tokenizer::Bpe(
+                cinder_data::BpeTokenizer::from_file(path)
+                    .map_err(|e| DataError::Tokenizer(e.to_string()))?,
+            ),
+        })
+    }
+}
+
 /// A run's data ready for training.
 pub struct TrainingData {
     /// What was given: text files and folders of them, or one prepared folder.
@@ -98,19 +123,9 @@ impl TrainingData {
             return Ok(Self::from_prepared(paths.to_vec(), p));
         }
         let sources = Sources::open(paths)?;
-        let tokenizer = match (tokenizer, choice) {
-            (Some(t), _) => t.clone(),
-            (None, TokenizerChoice::Char) => Tokenizer::Char(char_vocabulary(&sources)?),
-            (None, TokenizerChoice::Bpe(vocab_size)) => {
-                progress("training the BPE tokenizer", 0, 1);
-                let bpe = prepared::train_bpe(&sources, fraction, *vocab_size)?;
-                progress("training the BPE tokenizer", 1, 1);
-                Tokenizer::Bpe(bpe)
-            }
-            (None, TokenizerChoice::File(path)) => Tokenizer::Bpe(
-                cinder_data::BpeTokenizer::from_file(path)
-                    .map_err(|e| DataError::Tokenizer(e.to_string()))?,
-            ),
+        let tokenizer = match tokenizer {
+            Some(t) => t.clone(),
+            None => choice.make(&sources, fraction, progress)?,
         };
         match tokenizer {
             Tokenizer::Char(_) => Self::in_memory(paths, &sources, tokenizer, fraction, block),

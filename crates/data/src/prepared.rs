@@ -197,8 +197,8 @@ pub fn prepare(
         file.sync_all().map_err(write_err(&tmp))?;
         std::fs::rename(&tmp, out.join(name)).map_err(write_err(&tmp))?;
     }
-    let (record, file) = tokenizer.record();
-    if let (Some(name), Some(json)) = (record.file(), file) {
+    let record = tokenizer.record();
+    if let (Some(name), Some(json)) = (record.file(), tokenizer.file_json()) {
         std::fs::write(out.join(name), json).map_err(write_err(&out.join(name)))?;
     }
     let meta = PreparedMeta {

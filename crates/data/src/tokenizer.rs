@@ -102,17 +102,22 @@ impl Tokenizer {
         }
     }
 
-    /// How to record this tokenizer, and the text of the file to write beside the record.
-    pub fn record(&self) -> (TokenizerRecord, Option<String>) {
+    /// How to record this tokenizer in a `meta.json`.
+    pub fn record(&self) -> TokenizerRecord {
         match self {
-            Tokenizer::Char(t) => (TokenizerRecord::Chars(t.clone()), None),
-            Tokenizer::Bpe(t) => (
-                TokenizerRecord::Bpe {
-                    bpe: TOKENIZER_JSON.into(),
-                    vocab_size: t.vocab_size(),
-                },
-                Some(t.to_json()),
-            ),
+            Tokenizer::Char(t) => TokenizerRecord::Chars(t.clone()),
+            Tokenizer::Bpe(t) => TokenizerRecord::Bpe {
+                bpe: TOKENIZER_JSON.into(),
+                vocab_size: t.vocab_size(),
+            },
+        }
+    }
+
+    /// The text of the file [`TokenizerRecord::file`] names, for a tokenizer recorded in one.
+    pub fn file_json(&self) -> Option<String> {
+        match self {
+            Tokenizer::Char(_) => None,
+            Tokenizer::Bpe(t) => Some(t.to_json()),
         }
     }
 

@@ -7,9 +7,9 @@ use std::time::Instant;
 use anyhow::Context;
 use cinder::cli::exit_on_error;
 use cinder::config::TrainConfig;
-use cinder::data::{TokenizerChoice, char_vocabulary};
+use cinder::data::TokenizerChoice;
+use cinder_data::Sources;
 use cinder_data::prepared::{self, TRAIN_BIN, VAL_BIN};
-use cinder_data::{BpeTokenizer, Sources, Tokenizer};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -68,20 +68,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
         bar
     };
-    let tokenizer = match TokenizerChoice::of(&config) {
-        TokenizerChoice::Char => Tokenizer::Char(char_vocabulary(&sources)?),
-        TokenizerChoice::Bpe(vocab_size) => {
-            if !args.quiet {
-                eprintln!("training a byte-level BPE of {vocab_size} tokens on the training part");
-            }
-            Tokenizer::Bpe(prepared::train_bpe(
-                &sources,
-                args.train_fraction,
-                vocab_size,
-            )?)
-        }
-        TokenizerChoice::File(path) => Tokenizer::Bpe(BpeTokenizer::from_file(&path)?),
-    };
+    let choice = TokenizerChoice::of(&config);
+    if let (TokenizerChoice::Bpe(vocab_size), false) = (&choice, args.quiet) {
+        eprintln!("training a byte-level BPE of {vocab_size} tokens on the training part");
+    }
+    let training = bar("training the BPE tokenizer");
+    let tokenizer = choice.make(&sources, args.train_fraction, &mut |_, done, total| {
+        training.set_length(total);
+        training.set_position(done);
+    })?;
+    training.finish_and_clear();
     let encoding = bar("encoding");
     let meta = prepared::prepare(
         &sources,
