@@ -242,3 +242,23 @@ mod tests {
         );
     }
 }
+
+/// `--ops`: which version of the model's layers runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OpsArg {
+    /// cinder's fused CPU kernels on the flex backend (Burn operations with their own backward
+    /// passes); Burn's composite operations on other backends
+    #[default]
+    Fused,
+    /// Burn's composite operations everywhere (slower; for comparisons and tests)
+    Composite,
+}
+
+impl From<OpsArg> for cinder_model::Ops {
+    fn from(o: OpsArg) -> Self {
+        match o {
+            OpsArg::Fused => cinder_model::Ops::Fused,
+            OpsArg::Composite => cinder_model::Ops::Composite,
+        }
+    }
+}

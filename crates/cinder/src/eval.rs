@@ -5,7 +5,6 @@ use cinder_data::{Batch, Batcher, Split, Splits};
 use cinder_model::Gpt;
 
 use crate::data::batch_tensors;
-use crate::loss::cross_entropy;
 
 /// The random stream of evaluation batches (training uses stream 0).
 const EVAL_STREAM: u64 = 1;
@@ -28,7 +27,7 @@ pub fn mean_loss(
     let mut total: Option<Tensor<1>> = None;
     for (i, batch) in eval_batches(splits, split, batcher, n_batches).enumerate() {
         let (x, y) = batch_tensors(&batch, device);
-        let loss = cross_entropy(model.forward(x), y);
+        let loss = model.loss(x, y, None);
         total = Some(match total {
             Some(t) => t + loss,
             None => loss,
@@ -81,30 +80,9 @@ pub fn text_loss(
     ids: &[u32],
     batch_size: usize,
     device: &Device,
-    progress: impl FnMut(usize, usize),
-) -> TextLoss {
-    text_loss_with(
-        model.block_size(),
-        ids,
-        batch_size,
-        progress,
-        |x, y, [n, block]| {
-            let x = crate::data::ids_tensor(x, [n, block], device);
-            let y = crate::data::ids_tensor(y, [n, block], device);
-            cross_entropy(model.forward(x), y).into_scalar::<f32>()
-        },
-    )
-}
-
-/// [`text_loss`] with the mean loss of a batch of windows (inputs, targets, `[n, block]`)
-/// computed by `batch_mean`.
-pub fn text_loss_with(
-    block: usize,
-    ids: &[u32],
-    batch_size: usize,
     mut progress: impl FnMut(usize, usize),
-    mut batch_mean: impl FnMut(&[u32], &[u32], [usize; 2]) -> f32,
 ) -> TextLoss {
+    let block = model.block_size();
     let windows = (ids.len().saturating_sub(1)) / block;
     let mut total = 0.0f64;
     for first in (0..windows).step_by(batch_size) {
@@ -114,7 +92,9 @@ pub fn text_loss_with(
             x.extend_from_slice(&ids[w * block..(w + 1) * block]);
             y.extend_from_slice(&ids[w * block + 1..(w + 1) * block + 1]);
         }
-        let mean = batch_mean(&x, &y, [n, block]);
+        let x = crate::data::ids_tensor(&x, [n, block], device);
+        let y = crate::data::ids_tensor(&y, [n, block], device);
+        let mean = model.loss(x, y, None).into_scalar::<f32>();
         total += f64::from(mean) * n as f64;
         progress(first + n, windows);
     }

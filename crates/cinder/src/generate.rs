@@ -6,9 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::data::ids_tensor;
-use crate::kernels::params_of;
 use crate::sampling::SamplingParams;
-use cinder_kernels::{Params, infer as kernels};
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,8 +17,6 @@ pub struct GenerateOptions {
     pub seed: u64,
     /// Use the key/value cache (same text, faster); off re-runs the whole window per token.
     pub use_cache: bool,
-    /// Run on cinder's hand-written CPU kernels (on a copy of the weights) instead of Burn.
-    pub kernels: bool,
 }
 
 /// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
@@ -39,11 +35,7 @@ pub fn generate(
     let n = opts.num_samples;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut texts: Vec<Vec<u32>> = vec![prompt.to_vec(); n];
-    let mut decoder = if opts.kernels {
-        Decoder::kernels(model, opts.use_cache, n)
-    } else {
-        Decoder::new(model, opts.use_cache, device)
-    };
+    let mut decoder = Decoder::new(model, opts.use_cache, device);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
         let last = decoder.next_logits(&texts); // (n, V) on the host
@@ -65,44 +57,18 @@ pub fn generate(
 /// the window shift at each step, so the window is run whole (and the cache refilled) per token,
 /// which gives exactly the logits of the uncached path.
 pub struct Decoder<'a> {
-    inner: Inner<'a>,
-}
-
-enum Inner<'a> {
-    Burn {
-        model: &'a Gpt,
-        cache: Option<KvCache>,
-        device: Device,
-    },
-    Kernels {
-        params: Params,
-        cache: kernels::KvCache,
-        use_cache: bool,
-    },
+    model: &'a Gpt,
+    cache: Option<KvCache>,
+    device: Device,
 }
 
 impl<'a> Decoder<'a> {
-    /// Decoding with the Burn model on `device`.
+    /// Decoding with `model` on `device`.
     pub fn new(model: &'a Gpt, use_cache: bool, device: &Device) -> Self {
         Self {
-            inner: Inner::Burn {
-                model,
-                cache: use_cache.then(|| KvCache::new(model.n_layer())),
-                device: device.clone(),
-            },
-        }
-    }
-
-    /// Decoding `samples` texts at a time on the hand-written CPU kernels, with a copy of the
-    /// model's weights.
-    pub fn kernels(model: &Gpt, use_cache: bool, samples: usize) -> Self {
-        let params = params_of(model);
-        Self {
-            inner: Inner::Kernels {
-                cache: kernels::KvCache::new(&params, samples),
-                params,
-                use_cache,
-            },
+            model,
+            cache: use_cache.then(|| KvCache::new(model.n_layer())),
+            device: device.clone(),
         }
     }
 
@@ -110,52 +76,33 @@ impl<'a> Decoder<'a> {
     /// length and only ever grow by one token per call.
     pub fn next_logits(&mut self, texts: &[Vec<u32>]) -> Vec<f32> {
         let (n, len) = (texts.len(), texts[0].len());
-        match &mut self.inner {
-            Inner::Burn {
-                model,
-                cache,
-                device,
-            } => {
-                let block = model.block_size();
-                let logits = match cache {
-                    Some(cache) => {
-                        if len > block {
-                            *cache = KvCache::new(model.n_layer()); // the window slid: run it whole
-                        }
-                        let start = if len > block {
-                            len - block
-                        } else {
-                            cache.len()
-                        };
-                        let new = ids_tensor(&window(texts, start, len), [n, len - start], device);
-                        model.forward_cached(new, cache) // (n, len - start, V)
-                    }
-                    None => {
-                        let start = len.saturating_sub(block);
-                        let ctx = ids_tensor(&window(texts, start, len), [n, len - start], device);
-                        model.forward(ctx) // (n, len - start, V)
-                    }
-                };
-                last_position(logits)
-            }
-            Inner::Kernels {
-                params,
-                cache,
-                use_cache,
-            } => {
-                let block = params.dims.block_size;
+        let (model, device) = (self.model, &self.device);
+        let block = model.block_size();
+        let logits = match &mut self.cache {
+            Some(cache) => {
                 // One new token on a cache that still fits; else the window, from empty.
-                let incremental =
-                    *use_cache && !cache.is_empty() && len == cache.len() + 1 && len <= block;
+                let incremental = !cache.is_empty() && len == cache.len() + 1 && len <= block;
                 let start = if incremental {
                     cache.len()
                 } else {
                     cache.clear();
                     len.saturating_sub(block)
                 };
-                kernels::extend(params, cache, &window(texts, start, len)) // (n, V)
+                let new = ids_tensor(&window(texts, start, len), [n, len - start], device);
+                model.forward_cached(new, cache) // (n, V)
             }
-        }
+            None => {
+                let start = len.saturating_sub(block);
+                let ctx = ids_tensor(&window(texts, start, len), [n, len - start], device);
+                let logits = model.forward(ctx); // (n, len - start, V)
+                let [_, t, v] = logits.dims();
+                logits.slice(s![.., t - 1..t, ..]).reshape([n, v])
+            }
+        };
+        logits
+            .into_data()
+            .try_to_vec::<f32>()
+            .expect("logits are f32")
     }
 }
 
@@ -165,15 +112,4 @@ fn window(texts: &[Vec<u32>], from: usize, to: usize) -> Vec<u32> {
         .iter()
         .flat_map(|t| t[from..to].iter().copied())
         .collect()
-}
-
-/// The logits of the last position of each row, `[B, V]` flattened, on the host.
-fn last_position(logits: Tensor<3>) -> Vec<f32> {
-    let [b, t, v] = logits.dims();
-    logits
-        .slice(s![.., t - 1..t, ..])
-        .reshape([b * v])
-        .into_data()
-        .try_to_vec::<f32>()
-        .expect("logits are f32")
 }

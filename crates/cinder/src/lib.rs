@@ -13,8 +13,6 @@ pub mod eval;
 pub mod faults;
 pub mod generate;
 pub mod inspect;
-pub mod kernels;
-pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod plot;

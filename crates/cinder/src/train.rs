@@ -4,10 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use cinder_data::{Batcher, Split, Splits, TextIdentity, Tokenizer};
-use cinder_model::Gpt;
+use cinder_model::{DropoutKey, Gpt, Ops};
 
 use crate::checkpoint::{self, CheckpointError, Meta};
 use crate::config::TrainConfig;
@@ -15,9 +15,7 @@ use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
 use crate::eval;
 use crate::faults;
-use crate::kernels::{Engine, KernelStep, StateError, unsupported};
-use crate::loss::cross_entropy;
-use crate::optim::{adamw, clip_global_norm};
+use crate::optim::AdamW;
 use crate::schedule::learning_rate;
 
 /// Names of the two checkpoints of a run folder.
@@ -36,10 +34,6 @@ pub enum TrainError {
     NonFinite { iter: u64, loss: f32 },
     #[error("invalid model configuration: {0}")]
     Model(#[from] cinder_model::ConfigError),
-    #[error("--engine kernels cannot train this run: {0}. Use --engine auto or --engine burn")]
-    EngineUnsupported(String),
-    #[error(transparent)]
-    State(#[from] StateError),
 }
 
 /// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
@@ -109,14 +103,10 @@ pub struct Trainer {
     pub backend: Backend,
     pub tokenizer: Tokenizer,
     pub splits: Splits,
-    /// The model on the autodiff device (behind the kernels' weights until [`Trainer::model`]
-    /// brings it up to date).
+    /// The model on the autodiff device.
     model: Gpt,
-    /// Whether the kernels' weights have moved on since `model` was last written.
-    model_stale: bool,
-    /// Burn's optimizer. While the kernels train, they hold the optimizer state and write it
-    /// here before each checkpoint and when the engine changes to Burn ([`Trainer::with_engine`]).
-    pub optim: ModuleOptimizer,
+    /// AdamW and its state.
+    pub optim: AdamW,
     /// Iterations completed.
     pub iter: u64,
     pub best_val_loss: Option<f32>,
@@ -127,8 +117,6 @@ pub struct Trainer {
     pub data_identity: TextIdentity,
     /// The run folder: `latest/` and `best/` go inside.
     pub out_dir: PathBuf,
-    /// The hand-written training step, when it runs this configuration (see [`Engine`]).
-    kernels: Option<KernelStep>,
 }
 
 impl Trainer {
@@ -170,7 +158,7 @@ impl Trainer {
         data: TrainingData,
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
-        let optim = adamw(&config, &model);
+        let optim = AdamW::new(&config, &model);
         Self::assemble(config, backend, data, (model, optim, 0, None), out_dir)
     }
 
@@ -187,7 +175,8 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         let model = checkpoint::load_model(dir, meta, &device)?;
-        let optim = checkpoint::load_optimizer(dir, meta, adamw(&config, &model))?;
+        let mut optim = AdamW::new(&config, &model);
+        optim.module = checkpoint::load_optimizer(dir, meta, optim.module)?;
         let state = (model, optim, meta.iter, meta.best_val_loss);
         Self::assemble(config, backend, data, state, out_dir)
     }
@@ -198,10 +187,11 @@ impl Trainer {
         config: TrainConfig,
         backend: Backend,
         data: TrainingData,
-        (model, optim, iter, best_val_loss): (Gpt, ModuleOptimizer, u64, Option<f32>),
+        (model, optim, iter, best_val_loss): (Gpt, AdamW, u64, Option<f32>),
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
-        Self {
+        crate::keep_freed_memory();
+        Ok(Self {
             config,
             backend,
             tokenizer: data.tokenizer,
@@ -213,59 +203,28 @@ impl Trainer {
             data_paths: data.paths,
             data_identity: data.identity,
             out_dir,
-            kernels: None,
-            model_stale: false,
-        }
-        .with_engine(Engine::Auto)
+        })
     }
 
-    /// Chooses the code that computes gradients. The two give the same losses and gradients up
-    /// to float rounding (tested), so a run may change engine on resume.
-    pub fn with_engine(mut self, engine: Engine) -> Result<Self, TrainError> {
-        let why_not = unsupported(&self.config, &self.backend);
-        let kernels = match (engine, why_not) {
-            (Engine::Burn, _) | (Engine::Auto, Some(_)) => false,
-            (Engine::Kernels, Some(why)) => return Err(TrainError::EngineUnsupported(why)),
-            (Engine::Auto | Engine::Kernels, None) => true,
-        };
-        if kernels == self.kernels.is_some() {
-            return Ok(self); // already so: nothing to hand over
+    /// This run with the layers of `ops`: the fused ones (the default) or, for comparisons and
+    /// tests, the composite ones. Both give the same results up to float rounding (tested).
+    pub fn with_ops(mut self, ops: Ops) -> Self {
+        self.model = self.model.with_ops(ops);
+        self
+    }
+
+    /// Which layers run: `"fused"` (on a backend that has them) or `"composite"`.
+    pub fn ops_name(&self) -> &'static str {
+        if self.model.ops.fused_on(&self.backend.device) {
+            "fused"
+        } else {
+            "composite"
         }
-        self.sync_model();
-        if let Some(k) = self.kernels.take() {
-            // Burn's optimizer takes the state over.
-            self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
-        }
-        if kernels {
-            self.kernels = Some(KernelStep::new(&self.model, &self.optim, &self.config)?);
-        }
-        Ok(self)
     }
 
     /// The model with the latest weights.
     pub fn model(&mut self) -> &Gpt {
-        self.sync_model();
         &self.model
-    }
-
-    /// Writes the kernels' weights into the Burn model, if they have moved on. Done when the
-    /// model is needed (evaluation, checkpoints, [`Trainer::model`]), not after every step.
-    fn sync_model(&mut self) {
-        if let Some(k) = &self.kernels
-            && self.model_stale
-        {
-            self.model = k.write_model(self.model.clone());
-        }
-        self.model_stale = false;
-    }
-
-    /// The engine computing gradients: `"kernels"` or `"burn"`.
-    pub fn engine_name(&self) -> &'static str {
-        if self.kernels.is_some() {
-            "kernels"
-        } else {
-            "burn"
-        }
     }
 
     /// Trains until `max_iters` or until `stop` is set, evaluating every `eval_interval`
@@ -335,46 +294,28 @@ impl Trainer {
 
         let lr = learning_rate(c, it);
         faults::reached("step");
-        if let Some(kernels) = &mut self.kernels {
-            let batches: Vec<_> = (0..accum as u64)
-                .map(|micro| batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro))
-                .collect();
-            let loss = kernels.train_step(&batches, lr, c.grad_clip);
-            self.model_stale = true;
-            self.iter += 1;
-            return StepReport {
-                iter: it,
-                loss,
-                lr,
-                seconds: start.elapsed().as_secs_f64(),
-                tokens: c.tokens_per_iter(),
-            };
-        }
         let mut loss_sum = 0.0f32;
-        let mut grads = if accum == 1 {
-            let batch = batcher.batch(tokens, Split::Train, 0, it);
+        let mut grads = GradientsAccumulator::new();
+        for micro in 0..accum as u64 {
+            let draw = it * accum as u64 + micro;
+            let batch = batcher.batch(tokens, Split::Train, 0, draw);
             let (x, y) = batch_tensors(&batch, &device);
-            let loss = cross_entropy(self.model.forward(x), y);
-            loss_sum = loss.clone().into_scalar::<f32>();
-            GradientsParams::from_grads(loss.backward(), &self.model)
-        } else {
-            let mut acc = GradientsAccumulator::new();
-            for micro in 0..accum as u64 {
-                let batch = batcher.batch(tokens, Split::Train, 0, it * accum as u64 + micro);
-                let (x, y) = batch_tensors(&batch, &device);
-                let loss = cross_entropy(self.model.forward(x), y) / accum as f64;
-                loss_sum += loss.clone().into_scalar::<f32>();
-                acc.accumulate(
-                    &self.model,
-                    GradientsParams::from_grads(loss.backward(), &self.model),
-                );
-            }
-            acc.grads()
-        };
-        if c.grad_clip > 0.0 {
-            clip_global_norm(&self.model, &mut grads, c.grad_clip);
+            let key = DropoutKey { seed: c.seed, draw };
+            let loss = self.model.loss(x, y, Some(key));
+            let loss = if accum == 1 {
+                loss
+            } else {
+                loss / accum as f64
+            };
+            loss_sum += loss.clone().into_scalar::<f32>();
+            grads.accumulate(
+                &self.model,
+                GradientsParams::from_grads(loss.backward(), &self.model),
+            );
         }
-        self.model = self.optim.step(lr, self.model.clone(), grads);
+        self.model = self
+            .optim
+            .step(lr, self.model.clone(), grads.grads(), c.grad_clip);
         self.iter += 1;
         StepReport {
             iter: it,
@@ -401,27 +342,17 @@ impl Trainer {
             !stop.load(Ordering::SeqCst)
         };
         let splits = &self.splits;
-        let mut loss = |split| match &mut self.kernels {
-            // The kernels' forward pass on their own weights: no Burn model needed.
-            Some(k) => {
-                let mut total = 0.0f64;
-                for (i, batch) in eval::eval_batches(splits, split, &batcher, n).enumerate() {
-                    total += f64::from(k.loss(&batch));
-                    if !keep_going(split, i + 1) {
-                        return None;
-                    }
-                }
-                Some((total / n as f64) as f32)
-            }
-            None => eval::mean_loss(
-                &self.model.valid(),
+        let model = self.model.valid();
+        let mut loss = |split| {
+            eval::mean_loss(
+                &model,
                 splits,
                 split,
                 &batcher,
                 n,
                 &self.backend.device,
                 |done| keep_going(split, done),
-            ),
+            )
         };
         let train_loss = loss(Split::Train)?;
         let val_loss = loss(Split::Val)?;
@@ -440,10 +371,6 @@ impl Trainer {
         val_loss: Option<f32>,
         observer: &mut dyn Observer,
     ) -> Result<(), TrainError> {
-        self.sync_model();
-        if let Some(k) = &self.kernels {
-            self.optim = k.write_optimizer(adamw(&self.config, &self.model))?;
-        }
         let dir = self.out_dir.join(name);
         let mut meta = Meta::new(&self.config, &self.tokenizer, self.backend.name, self.iter);
         meta.data_path = self.data_paths.first().cloned().unwrap_or_default();
@@ -451,7 +378,13 @@ impl Trainer {
         meta.data_identity = Some(self.data_identity);
         meta.best_val_loss = self.best_val_loss;
         meta.val_loss = val_loss;
-        checkpoint::save(&dir, &meta, &self.tokenizer, &self.model, Some(&self.optim))?;
+        checkpoint::save(
+            &dir,
+            &meta,
+            &self.tokenizer,
+            &self.model,
+            Some(&self.optim.module),
+        )?;
         observer.checkpoint(name, &dir, self.iter);
         Ok(())
     }

@@ -95,7 +95,6 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
         },
         seed: 1,
         use_cache: true,
-        kernels: false,
     };
     for (written, reader) in [("gpu", &cpu), ("cpu", &gpu)] {
         let ckpt = dir.path().join(written).join(LATEST);

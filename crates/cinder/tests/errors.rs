@@ -255,19 +255,6 @@ fn damaged_weights_and_newer_format() {
 }
 
 #[test]
-fn kernels_engine_with_dropout_names_the_way_out() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = corpus_in(dir.path());
-    fails_with(
-        train(dir.path())
-            .args(tiny_flags_with(&[("--max-iters", "1")]))
-            .args(["--dropout", "0.1", "--engine", "kernels", "--data"])
-            .arg(&data),
-        &["dropout", "--engine burn"],
-    );
-}
-
-#[test]
 fn generate_flags_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 6] = [

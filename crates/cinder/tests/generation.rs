@@ -4,13 +4,14 @@ mod common;
 
 use cinder::generate::{Decoder, GenerateOptions, generate};
 use cinder::sampling::SamplingParams;
-use cinder_model::{Gpt, GptConfig};
+use cinder_model::{GptConfig, Ops};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// The logits of `decoder` against Burn's full forward pass over the window, at every step of
-/// two random texts grown from 3 tokens to past 2 x block_size.
-fn check_against_full_forward(make: impl for<'a> Fn(&'a Gpt) -> Decoder<'a>) {
+/// The logits of a decoder with the layers of `ops` (and the cache if `use_cache`) against the
+/// composite layers' full forward pass over the window, at every step of two random texts grown
+/// from 3 tokens to past 2 x block_size.
+fn check_against_full_forward(ops: Ops, use_cache: bool) {
     let device = common::backend().device;
     device.seed(3);
     let model = GptConfig::new(13, 8)
@@ -24,8 +25,9 @@ fn check_against_full_forward(make: impl for<'a> Fn(&'a Gpt) -> Decoder<'a>) {
     let mut texts: Vec<Vec<u32>> = (0..2)
         .map(|_| (0..3).map(|_| rng.random_range(0..13)).collect())
         .collect();
-    let mut tested = make(&model);
-    let mut full = Decoder::new(&model, false, &device);
+    let (model, reference) = (model.clone().with_ops(ops), model.with_ops(Ops::Composite));
+    let mut tested = Decoder::new(&model, use_cache, &device);
+    let mut full = Decoder::new(&reference, false, &device);
     for step in 0..21 {
         let a = tested.next_logits(&texts);
         let b = full.next_logits(&texts);
@@ -48,14 +50,13 @@ fn check_against_full_forward(make: impl for<'a> Fn(&'a Gpt) -> Decoder<'a>) {
 
 #[test]
 fn cached_logits_equal_full_forward_at_every_step_past_block_size() {
-    let device = common::backend().device;
-    check_against_full_forward(|m| Decoder::new(m, true, &device));
+    check_against_full_forward(Ops::Composite, true);
+    check_against_full_forward(Ops::Fused, true);
 }
 
 #[test]
-fn kernel_logits_equal_burn_full_forward_at_every_step_past_block_size() {
-    check_against_full_forward(|m| Decoder::kernels(m, true, 2));
-    check_against_full_forward(|m| Decoder::kernels(m, false, 2));
+fn fused_logits_equal_the_composite_full_forward_at_every_step() {
+    check_against_full_forward(Ops::Fused, false);
 }
 
 #[test]
@@ -68,7 +69,7 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         .with_n_embd(16)
         .init(&device)
         .unwrap();
-    let opts = |use_cache, kernels| GenerateOptions {
+    let opts = |use_cache| GenerateOptions {
         max_new_tokens: 30,
         num_samples: 2,
         sampling: SamplingParams {
@@ -78,20 +79,18 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         },
         seed: 0,
         use_cache,
-        kernels,
     };
-    let text = |use_cache, kernels| {
-        generate(
-            &model,
-            &[1, 2],
-            &opts(use_cache, kernels),
-            &device,
-            |_, _| {},
-        )
+    let text = |ops, use_cache| {
+        let model = model.clone().with_ops(ops);
+        generate(&model, &[1, 2], &opts(use_cache), &device, |_, _| {})
     };
-    let a = text(true, false);
+    let a = text(Ops::Composite, true);
     assert_eq!(a[0].len(), 30);
-    assert_eq!(a, text(false, false), "Burn, without the cache");
-    assert_eq!(a, text(true, true), "kernels, with the cache");
-    assert_eq!(a, text(false, true), "kernels, without the cache");
+    assert_eq!(
+        a,
+        text(Ops::Composite, false),
+        "composite, without the cache"
+    );
+    assert_eq!(a, text(Ops::Fused, true), "fused, with the cache");
+    assert_eq!(a, text(Ops::Fused, false), "fused, without the cache");
 }

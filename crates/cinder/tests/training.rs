@@ -9,11 +9,10 @@ use burn::optim::GradientsParams;
 use cinder::checkpoint::{self, CheckpointError};
 use cinder::config::TrainConfig;
 use cinder::data::batch_tensors;
-use cinder::kernels::Engine;
-use cinder::loss::cross_entropy;
-use cinder::optim::adamw;
+use cinder::optim::AdamW;
 use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
 use cinder_data::{Batcher, Split};
+use cinder_model::Ops;
 use common::{serial, tiny_config, weights};
 
 /// Collects every step's loss.
@@ -55,43 +54,44 @@ fn tiny_model_overfits_one_batch() {
     let batch = Batcher::new(1, 4, 16).batch(t.splits.get(Split::Train), Split::Train, 0, 0);
     let (x, y) = batch_tensors(&batch, &device);
     let mut model = t.model().clone();
-    let mut optim = adamw(&config, &model);
+    let mut optim = AdamW::new(&config, &model);
     let mut loss = f32::INFINITY;
     for _ in 0..300 {
-        let l = cross_entropy(model.forward(x.clone()), y.clone());
+        let l = model.loss(x.clone(), y.clone(), None);
         loss = l.clone().into_scalar::<f32>();
         let grads = GradientsParams::from_grads(l.backward(), &model);
-        model = optim.step(config.learning_rate, model, grads);
+        model = optim.step(config.learning_rate, model, grads, config.grad_clip);
     }
     assert!(loss < 0.05, "loss after 300 steps on one batch: {loss}");
 }
 
 #[test]
 fn resume_is_bit_identical_to_a_straight_run() {
-    // Dropout on, so that the dropout masks must also be reproduced (Burn's autodiff runs it).
+    // Dropout on, so that the dropout masks must also be reproduced.
+    check_exact_resume(
+        TrainConfig {
+            dropout: 0.1,
+            gradient_accumulation_steps: 2,
+            ..tiny_config()
+        },
+        Ops::Fused,
+    );
+}
+
+#[test]
+fn resume_is_bit_identical_to_a_straight_run_on_the_composite_layers() {
     check_exact_resume(
         TrainConfig {
             dropout: 0.1,
             ..tiny_config()
         },
-        "burn",
-    );
-}
-
-#[test]
-fn resume_is_bit_identical_to_a_straight_run_on_the_kernels() {
-    check_exact_resume(
-        TrainConfig {
-            gradient_accumulation_steps: 2,
-            ..tiny_config()
-        },
-        "kernels",
+        Ops::Composite,
     );
 }
 
 /// 16 iterations straight, and 8 then 8 more resumed from the checkpoint, give the same losses
-/// bit for bit and the same weights, on the engine named.
-fn check_exact_resume(config: TrainConfig, engine: &str) {
+/// bit for bit and the same weights, with the layers of `ops`.
+fn check_exact_resume(config: TrainConfig, ops: Ops) {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let config = TrainConfig {
@@ -100,8 +100,7 @@ fn check_exact_resume(config: TrainConfig, engine: &str) {
     };
     let stop = AtomicBool::new(false);
 
-    let mut straight = trainer(config.clone(), dir.path(), "straight");
-    assert_eq!(straight.engine_name(), engine);
+    let mut straight = trainer(config.clone(), dir.path(), "straight").with_ops(ops);
     let mut straight_losses = Losses::default();
     assert_eq!(
         straight.run(&mut straight_losses, &stop).unwrap(),
@@ -115,7 +114,8 @@ fn check_exact_resume(config: TrainConfig, engine: &str) {
         },
         dir.path(),
         "halves",
-    );
+    )
+    .with_ops(ops);
     let mut losses = Losses::default();
     first.run(&mut losses, &stop).unwrap();
     drop(first);
@@ -124,9 +124,9 @@ fn check_exact_resume(config: TrainConfig, engine: &str) {
         dir.path(),
         &dir.path().join("halves").join(LATEST),
         "halves",
-    );
+    )
+    .with_ops(ops);
     assert_eq!(second.iter, 8);
-    assert_eq!(second.engine_name(), engine);
     second.run(&mut losses, &stop).unwrap();
 
     assert_eq!(losses.0.len(), 16);
@@ -174,11 +174,8 @@ fn checkpoint_round_trip_keeps_weights_and_optimizer_state() {
     assert_eq!(a.loss, b.loss);
     assert_eq!(weights(loaded.model()), weights(t.model()));
     // A fresh optimizer would not: AdamW's first step differs from its fourth.
-    let mut fresh = resumed(|_| {}, dir.path(), &ckpt, "run")
-        .with_engine(Engine::Burn) // the state goes back to Burn's optimizer...
-        .unwrap();
-    fresh.optim = adamw(&fresh.config.clone(), fresh.model()); // ...which is replaced
-    let mut fresh = fresh.with_engine(Engine::Auto).unwrap();
+    let mut fresh = resumed(|_| {}, dir.path(), &ckpt, "run");
+    fresh.optim = AdamW::new(&fresh.config.clone(), fresh.model());
     fresh.step();
     assert_ne!(weights(fresh.model()), weights(t.model()));
 }
@@ -198,9 +195,11 @@ fn load_error(ckpt: &Path) -> CheckpointError {
             let model = checkpoint::load_model(ckpt, &meta, &device);
             match model {
                 Err(e) => e,
-                Ok(model) => checkpoint::load_optimizer(ckpt, &meta, adamw(&meta.config, &model))
-                    .err()
-                    .expect("a damaged checkpoint must not load"),
+                Ok(model) => {
+                    checkpoint::load_optimizer(ckpt, &meta, AdamW::new(&meta.config, &model).module)
+                        .err()
+                        .expect("a damaged checkpoint must not load")
+                }
             }
         }
     }

@@ -1,10 +1,13 @@
 //! Causal multi-head self-attention on the fused `qkv` projection, one (sequence, head) pair per
-//! rayon task. The attention weights are kept for the backward pass.
+//! rayon task. The attention weights (before dropout) are kept for the backward pass; dropout's
+//! mask is recomputed from its seed. [`forward_cached`] is the inference pass over a key/value
+//! cache, for sampling.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::dropout::Mask;
 use crate::matmul::{Mat, matmul_into_strided};
 use crate::simd::{dot, exp_shifted_sum, max, multiversion};
 
@@ -68,35 +71,67 @@ multiversion! {
 
 /// # Shapes
 /// - qkv: `[B*T, 3C]` (queries, keys, values side by side; head h at columns `h*hs..`)
-/// - att: `[B, H, T, T]` written: the attention weights
+/// - att: `[B, H, T, T]` written: the attention weights, before dropout
 /// - y: `[B*T, C]` written: heads side by side
-pub fn forward(qkv: &[f32], s: Shape, att: &mut [f32], y: &mut [f32]) {
+///
+/// With `dropout`, the weights that mix the values are `att ⊙ mask`, element `(b, h, i, j)` of
+/// the mask being [`Mask::factor`] of its index in `att`.
+pub fn forward(qkv: &[f32], s: Shape, dropout: Option<Mask>, att: &mut [f32], y: &mut [f32]) {
     let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
     assert_eq!(qkv.len(), s.batch * t * 3 * c);
     assert_eq!(att.len(), s.batch * s.n_head * t * t);
     assert_eq!(y.len(), s.batch * t * c);
     let scale = 1.0 / (hs as f32).sqrt();
     let y_ptr = SharedMut(y.as_mut_ptr());
-    att.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
-        let (b, h) = (bh / s.n_head, bh % s.n_head);
-        let [q, k, v] = head(qkv, s, b, h);
-        // Row block by row block, each against the keys it may see: the blocks above the
-        // diagonal are never computed.
-        for rows in row_blocks(t) {
-            let seen = rows.end; // keys 0..seen
-            block_scores(p, t, rows.clone(), q, k); // (rows, seen) scores
-            for i in rows.clone() {
-                causal_softmax_row(&mut p[i * t..(i + 1) * t], i, scale);
+    att.par_chunks_mut(t * t).enumerate().for_each_init(
+        || {
+            if dropout.is_some() {
+                vec![0.0f32; t * t]
+            } else {
+                Vec::new()
             }
-            let weights = Mat::new(p, t, t).rows(rows.clone()).cols(0..seen);
-            let y_rows = y_ptr.at((b * t + rows.start) * c + h * hs);
-            // SAFETY: y's block for (b, h) is rows b*T.., columns h*hs.., which no other task
-            // writes.
-            unsafe {
-                matmul_into_strided(y_rows, (c, 1), weights, v.rows(0..seen), false); // (rows, hs)
+        },
+        |dropped, (bh, p)| {
+            let (b, h) = (bh / s.n_head, bh % s.n_head);
+            let [q, k, v] = head(qkv, s, b, h);
+            // Row block by row block, each against the keys it may see: the blocks above the
+            // diagonal are never computed.
+            for rows in row_blocks(t) {
+                let seen = rows.end; // keys 0..seen
+                block_scores(p, t, rows.clone(), q, k); // (rows, seen) scores
+                for i in rows.clone() {
+                    causal_softmax_row(&mut p[i * t..(i + 1) * t], i, scale);
+                }
+                let weights = match dropout {
+                    Some(mask) => {
+                        apply_mask(p, dropped, t, rows.clone(), mask, bh);
+                        Mat::new(dropped, t, t)
+                    }
+                    None => Mat::new(p, t, t),
+                };
+                let weights = weights.rows(rows.clone()).cols(0..seen);
+                let y_rows = y_ptr.at((b * t + rows.start) * c + h * hs);
+                // SAFETY: y's block for (b, h) is rows b*T.., columns h*hs.., which no other
+                // task writes.
+                unsafe {
+                    matmul_into_strided(y_rows, (c, 1), weights, v.rows(0..seen), false); // (rows, hs)
+                }
             }
+        },
+    );
+}
+
+/// Rows `rows` of `out = p ⊙ mask` for the `[T, T]` weights of (sequence, head) `bh`; the
+/// entries after the diagonal (the future) are 0.
+fn apply_mask(p: &[f32], out: &mut [f32], t: usize, rows: Range<usize>, mask: Mask, bh: usize) {
+    for i in rows {
+        let first = ((bh * t + i) * t) as u64;
+        let (seen, future) = out[i * t..(i + 1) * t].split_at_mut(i + 1);
+        for (j, (o, w)) in seen.iter_mut().zip(&p[i * t..]).enumerate() {
+            *o = w * mask.factor(first + j as u64);
         }
-    });
+        future.fill(0.0);
+    }
 }
 
 /// Queries, keys and values of head `h` of sequence `b`: `[T, hs]` views into `qkv`.
@@ -131,11 +166,19 @@ fn row_blocks(t: usize) -> impl Iterator<Item = Range<usize>> {
     (0..t.div_ceil(BLOCK)).map(move |i| i * BLOCK..((i + 1) * BLOCK).min(t))
 }
 
-/// Backward of [`forward`]: writes `dqkv` from `dy` and the saved weights `att`.
+/// Backward of [`forward`]: writes `dqkv` from `dy`, the saved weights `att` and the same
+/// `dropout`.
 ///
 /// # Shapes
 /// - dy: `[B*T, C]`; qkv, dqkv: `[B*T, 3C]`; att: `[B, H, T, T]`
-pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]) {
+pub fn backward(
+    dy: &[f32],
+    qkv: &[f32],
+    att: &[f32],
+    s: Shape,
+    dropout: Option<Mask>,
+    dqkv: &mut [f32],
+) {
     let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
     assert_eq!(qkv.len(), s.batch * t * 3 * c);
     assert_eq!(dqkv.len(), qkv.len());
@@ -144,24 +187,37 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
     let scale = 1.0 / (hs as f32).sqrt();
     let d_ptr = SharedMut(dqkv.as_mut_ptr());
     att.par_chunks(t * t).enumerate().for_each_init(
-        || vec![0.0f32; t * t],
-        |dp, (bh, p)| {
+        || {
+            let dropped = if dropout.is_some() { t * t } else { 0 };
+            (vec![0.0f32; t * t], vec![0.0f32; dropped])
+        },
+        |(dp, dropped), (bh, p)| {
             let (b, h) = (bh / s.n_head, bh % s.n_head);
             let [q, k, v] = head(qkv, s, b, h);
             let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
-            let p = Mat::new(p, t, t);
+            // The weights that mixed the values: after dropout, if any.
+            let mixed = match dropout {
+                Some(mask) => {
+                    apply_mask(p, dropped, t, 0..t, mask, bh);
+                    Mat::new(dropped, t, t)
+                }
+                None => Mat::new(p, t, t),
+            };
             let d_part =
                 |part: usize, row: usize| d_ptr.at((b * t + row) * 3 * c + part * c + h * hs);
-            // dP = dY Vᵀ and dS, row block by row block (entries above the diagonal are 0).
+            // dP = (dY Vᵀ) ⊙ mask and dS, row block by row block (entries above the diagonal
+            // are 0).
             for rows in row_blocks(t) {
-                block_scores(dp, t, rows.clone(), dy_bh, v); // dP
+                block_scores(dp, t, rows.clone(), dy_bh, v);
                 for i in rows {
-                    softmax_backward_row(
-                        &p.data[i * t..(i + 1) * t],
-                        &mut dp[i * t..(i + 1) * t],
-                        i,
-                        scale,
-                    );
+                    let row = &mut dp[i * t..(i + 1) * t];
+                    if let Some(mask) = dropout {
+                        let first = ((bh * t + i) * t) as u64;
+                        for (j, g) in row[..=i].iter_mut().enumerate() {
+                            *g *= mask.factor(first + j as u64);
+                        }
+                    }
+                    softmax_backward_row(&p[i * t..(i + 1) * t], row, i, scale);
                 }
             }
             let ds = Mat::new(dp, t, t);
@@ -179,7 +235,7 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
                         k.rows(0..seen),
                         false,
                     );
-                    // dK = dSᵀ Q and dV = Pᵀ dY for the block's keys.
+                    // dK = dSᵀ Q and dV = (P ⊙ mask)ᵀ dY for the block's keys.
                     matmul_into_strided(
                         d_part(1, block.start),
                         (3 * c, 1),
@@ -190,7 +246,7 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
                     matmul_into_strided(
                         d_part(2, block.start),
                         (3 * c, 1),
-                        p.rows(later.clone()).cols(block.clone()).t(),
+                        mixed.rows(later.clone()).cols(block.clone()).t(),
                         dy_bh.rows(later),
                         false,
                     );
@@ -198,4 +254,75 @@ pub fn backward(dy: &[f32], qkv: &[f32], att: &[f32], s: Shape, dqkv: &mut [f32]
             }
         },
     );
+}
+
+/// The shape of one call of [`forward_cached`].
+#[derive(Debug, Clone, Copy)]
+pub struct CachedShape {
+    /// Texts decoded together.
+    pub samples: usize,
+    /// New positions per text.
+    pub new: usize,
+    /// Positions already in the cache (the first new position).
+    pub start: usize,
+    /// Positions the cache holds.
+    pub block: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+}
+
+/// Attention for inference over a key/value cache: the new positions' keys and values are
+/// written into the cache, and each new query attends to every position up to its own. With
+/// `last_only`, only each text's last query is computed (all a sampler needs of the last block).
+///
+/// # Shapes
+/// - qkv: `[S, new, 3C]`; keys, values: `[S, block, C]`, heads side by side
+/// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only`
+pub fn forward_cached(
+    qkv: &[f32],
+    keys: &mut [f32],
+    values: &mut [f32],
+    s: CachedShape,
+    last_only: bool,
+    y: &mut [f32],
+) {
+    let (n, c) = (s.new, s.n_embd);
+    assert!(
+        s.start + n <= s.block,
+        "the cache holds at most block positions"
+    );
+    assert_eq!(qkv.len(), s.samples * n * 3 * c);
+    assert_eq!(keys.len(), s.samples * s.block * c);
+    assert_eq!(values.len(), keys.len());
+    let out_rows = if last_only { 1 } else { n };
+    assert_eq!(y.len(), s.samples * out_rows * c);
+    for (r, row) in qkv.chunks_exact(3 * c).enumerate() {
+        let at = ((r / n) * s.block + s.start + r % n) * c;
+        keys[at..at + c].copy_from_slice(&row[c..2 * c]);
+        values[at..at + c].copy_from_slice(&row[2 * c..]);
+    }
+    let hs = c / s.n_head;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let (keys, values) = (&*keys, &*values);
+    // One task per (text, output row, head): a query against the positions it may see.
+    y.par_chunks_mut(hs).enumerate().for_each(|(slot, out)| {
+        let h = slot % s.n_head;
+        let row = slot / s.n_head; // (text, output row)
+        let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
+        let q = &qkv[(sample * n + i) * 3 * c + h * hs..][..hs];
+        let at = |t: usize| (sample * s.block + t) * c + h * hs;
+        let seen = s.start + i + 1;
+        let mut w: Vec<f32> = (0..seen)
+            .map(|t| dot(q, &keys[at(t)..at(t) + hs]) * scale)
+            .collect();
+        let shift = max(&w);
+        let total = exp_shifted_sum(&mut w, shift);
+        out.fill(0.0);
+        for (t, wt) in w.iter().enumerate() {
+            let wt = wt / total;
+            for (o, v) in out.iter_mut().zip(&values[at(t)..at(t) + hs]) {
+                *o += wt * v;
+            }
+        }
+    });
 }

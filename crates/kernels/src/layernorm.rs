@@ -2,27 +2,30 @@
 
 use rayon::prelude::*;
 
-use crate::params::Norm;
-use crate::simd::{dot, multiversion, sum};
+use crate::rows;
+use crate::simd::{add_assign, dot, multiversion, sum};
 
-/// Burn's (and PyTorch's) default epsilon.
+/// Burn's (and PyTorch's, and GPT-2's) default epsilon.
 pub const EPS: f32 = 1e-5;
 
-/// Rows handed to one rayon task: enough work to outweigh the hand-off.
-pub(crate) fn rows_per_task(width: usize) -> usize {
-    (16 * 1024 / width.max(1)).max(1)
+/// A LayerNorm's parameters: gain and optional shift, `[C]` each, and its epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct Norm<'a> {
+    pub gamma: &'a [f32],
+    pub beta: Option<&'a [f32]>,
+    pub eps: f32,
 }
 
 multiversion! {
     /// Normalises one row into `out` and returns its (mean, 1/std).
-    pub fn norm_row(x: &[f32], gamma: &[f32], beta: Option<&[f32]>, out: &mut [f32]) -> (f32, f32) {
+    pub fn norm_row(x: &[f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32, out: &mut [f32]) -> (f32, f32) {
         let c = x.len() as f32;
         let mean = sum(x) / c;
         for (o, v) in out.iter_mut().zip(x) {
             *o = v - mean;
         }
         let var = dot(out, out) / c;
-        let rstd = 1.0 / (var + EPS).sqrt();
+        let rstd = 1.0 / (var + eps).sqrt();
         match beta {
             Some(beta) => {
                 for ((o, g), b) in out.iter_mut().zip(gamma).zip(beta) {
@@ -43,9 +46,9 @@ multiversion! {
 ///
 /// # Shapes
 /// - x, out: `[N, C]`; mean, rstd: `[N]`
-pub fn forward(x: &[f32], p: &Norm, out: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) {
+pub fn forward(x: &[f32], p: Norm, out: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) {
     let c = p.gamma.len();
-    let rows = rows_per_task(c);
+    let rows = rows::per_task(c);
     out.par_chunks_mut(c * rows)
         .zip(x.par_chunks(c * rows))
         .zip(mean.par_chunks_mut(rows).zip(rstd.par_chunks_mut(rows)))
@@ -56,7 +59,7 @@ pub fn forward(x: &[f32], p: &Norm, out: &mut [f32], mean: &mut [f32], rstd: &mu
                 .zip(mean.iter_mut())
                 .zip(rstd.iter_mut())
             {
-                (*m, *r) = norm_row(x, &p.gamma, p.beta.as_deref(), o);
+                (*m, *r) = norm_row(x, p.gamma, p.beta, p.eps, o);
             }
         });
 }
@@ -110,21 +113,24 @@ multiversion! {
     }
 }
 
-/// Backward of [`forward`]: adds `∂loss/∂x` to `dx` and the parameters' gradients to `grad`.
+/// Backward of [`forward`]: adds `∂loss/∂x` to `dx`, `∂loss/∂gamma` to `dgamma` and
+/// `∂loss/∂beta` to `dbeta`.
 ///
 /// # Shapes
-/// - dout, x, dx: `[N, C]`; mean, rstd: `[N]`
+/// - dout, x, dx: `[N, C]`; mean, rstd: `[N]`; dgamma, dbeta: `[C]`
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     dout: &[f32],
     x: &[f32],
     mean: &[f32],
     rstd: &[f32],
-    p: &Norm,
-    grad: &mut Norm,
+    gamma: &[f32],
+    dgamma: &mut [f32],
+    dbeta: Option<&mut [f32]>,
     dx: &mut [f32],
 ) {
-    let c = p.gamma.len();
-    let rows = rows_per_task(c);
+    let c = gamma.len();
+    let rows = rows::per_task(c);
     dx.par_chunks_mut(c * rows)
         .zip(dout.par_chunks(c * rows).zip(x.par_chunks(c * rows)))
         .zip(mean.par_chunks(rows).zip(rstd.par_chunks(rows)))
@@ -138,22 +144,25 @@ pub fn backward(
                         &x[row],
                         mean[i],
                         rstd[i],
-                        &p.gamma,
+                        gamma,
                         xhat,
                         dx,
                     );
                 }
             },
         );
-    // Sums over rows, in row order so that results do not depend on the thread count.
-    for (i, (dout, x)) in dout.chunks_exact(c).zip(x.chunks_exact(c)).enumerate() {
-        param_grads_row(
-            dout,
-            x,
-            mean[i],
-            rstd[i],
-            &mut grad.gamma,
-            grad.beta.as_deref_mut(),
-        );
+    // Sums over rows, block by block in order (the same on any thread count).
+    let mut both = vec![0.0f32; 2 * c];
+    rows::sum(dout, c, &mut both, |first, dout, acc| {
+        let (dg, db) = acc.split_at_mut(c);
+        for (i, dout) in dout.chunks_exact(c).enumerate() {
+            let r = first + i;
+            let x = &x[r * c..(r + 1) * c];
+            param_grads_row(dout, x, mean[r], rstd[r], dg, Some(db));
+        }
+    });
+    add_assign(dgamma, &both[..c]);
+    if let Some(dbeta) = dbeta {
+        add_assign(dbeta, &both[c..]);
     }
 }

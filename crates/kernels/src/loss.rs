@@ -40,7 +40,7 @@ pub fn forward(x: &[f32], wte: &[f32], targets: &[u32], probs: &mut [f32]) -> f3
 }
 
 /// Backward of [`forward`] for the loss scaled by `scale`: turns `probs` into `∂loss/∂logits`
-/// in place, writes `∂loss/∂x` to `dx` and adds the head's gradient to `dwte`.
+/// in place, and writes `∂loss/∂x` to `dx` and the head's gradient to `dwte`.
 pub fn backward(
     x: &[f32],
     wte: &[f32],
@@ -63,5 +63,5 @@ pub fn backward(
         });
     let dlogits = Mat::new(probs, n, v);
     matmul(dx, dlogits, Mat::new(wte, v, c), false); // (N, C)
-    matmul(dwte, dlogits.t(), Mat::new(x, n, c), true); // (V, C)
+    matmul(dwte, dlogits.t(), Mat::new(x, n, c), false); // (V, C)
 }

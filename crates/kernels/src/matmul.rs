@@ -1,5 +1,9 @@
 //! Row-major matrix products on gemm's kernels, with transposes expressed as strides (no copies).
 
+use rayon::prelude::*;
+
+use crate::simd::add_assign;
+
 /// A matrix operand: `rows x cols` logically, element (i, j) at `data[i * row_stride + j *
 /// col_stride]`. A transpose is the same data with the strides swapped.
 #[derive(Clone, Copy)]
@@ -84,8 +88,17 @@ impl<'a> Mat<'a> {
 /// than it saves (gemm's own threshold in Burn's flex backend is the same order).
 const PARALLEL_WORK: usize = 96 * 96 * 96;
 
+/// Rows (of the output, or of the inner dimension) per share of a large product: big enough
+/// for gemm's single-threaded kernels to run near their peak.
+const SHARE: usize = 384;
+
 /// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
-/// Large products use all of rayon's threads, unless called from one of them.
+///
+/// A large product is cut into shares, each computed on one thread by gemm: blocks of rows of
+/// `out` when it has many rows; otherwise, when the inner dimension is long (a weight's gradient
+/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order. The
+/// shares depend only on the shapes, so the result does not depend on the number of threads.
+/// (gemm's own threading was measured slower on the model's products, which are small for it.)
 pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
@@ -94,21 +107,64 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         m * n,
         "output does not match the product's shape"
     );
-    // Inside one of rayon's threads the caller already runs in parallel (see `step`).
-    let nested = rayon::current_thread_index().is_some();
-    let parallelism = if nested || m * n * k < PARALLEL_WORK {
-        gemm::Parallelism::None
+    let (row_shares, inner_shares) = (m.div_ceil(SHARE), k.div_ceil(SHARE));
+    if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2) {
+        strided_matmul(out.as_mut_ptr(), (n as isize, 1), a, b, accumulate);
+    } else if row_shares >= 2 {
+        let rows = m.div_ceil(row_shares);
+        let ptr = SharedOut(out.as_mut_ptr());
+        (0..row_shares).into_par_iter().for_each(|i| {
+            let r = i * rows..((i + 1) * rows).min(m);
+            // SAFETY: rows r of `out` belong to this share alone.
+            strided_matmul(
+                ptr.at(r.start * n),
+                (n as isize, 1),
+                a.rows(r),
+                b,
+                accumulate,
+            );
+        });
     } else {
-        gemm::Parallelism::Rayon(0)
-    };
-    strided_matmul(
-        out.as_mut_ptr(),
-        (n as isize, 1),
-        a,
-        b,
-        accumulate,
-        parallelism,
-    );
+        let inner = k.div_ceil(inner_shares);
+        let partials: Vec<Vec<f32>> = (0..inner_shares)
+            .into_par_iter()
+            .map(|i| {
+                let r = i * inner..((i + 1) * inner).min(k);
+                let mut part = vec![0.0f32; m * n];
+                let (a, b) = (a.cols(r.clone()), b.rows(r));
+                strided_matmul(part.as_mut_ptr(), (n as isize, 1), a, b, false);
+                part
+            })
+            .collect();
+        // Added share by share, in order.
+        out.par_chunks_mut(SUM_CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| {
+                let at = c * SUM_CHUNK;
+                if !accumulate {
+                    out.fill(0.0);
+                }
+                for p in &partials {
+                    add_assign(out, &p[at..at + out.len()]);
+                }
+            });
+    }
+}
+
+/// Elements per task when adding partial products.
+const SUM_CHUNK: usize = 16 * 1024;
+
+/// `out`'s pointer, shared by the tasks of [`matmul`], each of which writes its own block.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the tasks write disjoint blocks of the output (see `matmul`).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
 }
 
 /// `out = a · b` (or `+=`) into a matrix with arbitrary strides (row, column), on one thread:
@@ -126,7 +182,7 @@ pub unsafe fn matmul_into_strided(
 ) {
     assert_eq!(b.rows, a.cols, "inner dimensions differ");
     let stride = (stride.0 as isize, stride.1 as isize);
-    strided_matmul(out, stride, a, b, accumulate, gemm::Parallelism::None);
+    strided_matmul(out, stride, a, b, accumulate);
 }
 
 fn strided_matmul(
@@ -135,7 +191,6 @@ fn strided_matmul(
     a: Mat,
     b: Mat,
     accumulate: bool,
-    parallelism: gemm::Parallelism,
 ) {
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
@@ -161,7 +216,7 @@ fn strided_matmul(
             false,
             false,
             false,
-            parallelism,
+            gemm::Parallelism::None,
         );
     }
 }
@@ -180,6 +235,32 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn products_cut_into_shares_match_a_naive_product() {
+        // Many rows: blocks of rows; few rows and a long inner dimension: partial products.
+        for (m, k, n, ta) in [
+            (1000, 40, 30, false),
+            (30, 1000, 40, true),
+            (45, 800, 7, false),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+            let am = if ta {
+                Mat::new(&a, k, m).t()
+            } else {
+                Mat::new(&a, m, k)
+            };
+            let bm = Mat::new(&b, k, n);
+            let want = naive(am, bm);
+            let mut out = vec![1.0; m * n];
+            matmul(&mut out, am, bm, false);
+            assert_eq!(out, want, "{m}x{k}x{n}");
+            matmul(&mut out, am, bm, true);
+            let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+            assert_eq!(out, twice, "accumulate, {m}x{k}x{n}");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! on small random inputs.
 
 use cinder_kernels::attention::{self, Shape};
-use cinder_kernels::params::Norm;
+use cinder_kernels::layernorm::Norm;
 use cinder_kernels::{gelu, layernorm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -60,7 +60,7 @@ fn attention_matches_its_definition_across_row_blocks() {
     let qkv = random(s.batch * s.seq * 3 * s.n_embd, 1);
     let mut att = vec![0.0; s.batch * s.n_head * s.seq * s.seq];
     let mut y = vec![0.0; s.batch * s.seq * s.n_embd];
-    attention::forward(&qkv, s, &mut att, &mut y);
+    attention::forward(&qkv, s, None, &mut att, &mut y);
     let diff = max_diff(&y, &naive_attention(&qkv, s));
     assert!(diff < 1e-5, "max difference {diff}");
     // The weights: rows sum to 1, nothing above the diagonal.
@@ -88,9 +88,9 @@ fn attention_backward_matches_finite_differences() {
     };
     let mut att = vec![0.0; s.n_head * s.seq * s.seq];
     let mut y = vec![0.0; s.seq * s.n_embd];
-    attention::forward(&qkv, s, &mut att, &mut y);
+    attention::forward(&qkv, s, None, &mut att, &mut y);
     let mut dqkv = vec![0.0; qkv.len()];
-    attention::backward(&r, &qkv, &att, s, &mut dqkv);
+    attention::backward(&r, &qkv, &att, s, None, &mut dqkv);
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     for _ in 0..40 {
         let i = rng.random_range(0..qkv.len());
@@ -111,9 +111,11 @@ fn attention_backward_matches_finite_differences() {
 fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
     let (n, c) = (5, 37);
     let x = random(n * c, 5);
+    let (gamma, beta) = (random(c, 6), random(c, 7));
     let p = Norm {
-        gamma: random(c, 6),
-        beta: Some(random(c, 7)),
+        gamma: &gamma,
+        beta: Some(&beta),
+        eps: layernorm::EPS,
     };
     let naive = |x: &[f32]| -> Vec<f32> {
         x.chunks(c)
@@ -121,7 +123,6 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
                 let m = row.iter().sum::<f32>() / c as f32;
                 let v = row.iter().map(|a| (a - m) * (a - m)).sum::<f32>() / c as f32;
                 let rstd = 1.0 / (v + layernorm::EPS).sqrt();
-                let beta = p.beta.as_ref().unwrap();
                 row.iter()
                     .enumerate()
                     .map(|(j, a)| (a - m) * rstd * p.gamma[j] + beta[j])
@@ -130,17 +131,23 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
             .collect()
     };
     let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-    layernorm::forward(&x, &p, &mut out, &mut mean, &mut rstd);
+    layernorm::forward(&x, p, &mut out, &mut mean, &mut rstd);
     assert!(max_diff(&out, &naive(&x)) < 1e-5);
 
     let r = random(n * c, 8); // loss = sum(out * r)
     let loss = |x: &[f32]| -> f64 { naive(x).iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum() };
-    let mut grad = Norm {
-        gamma: vec![0.0; c],
-        beta: Some(vec![0.0; c]),
-    };
+    let (mut dgamma, mut dbeta) = (vec![0.0; c], vec![0.0; c]);
     let mut dx = vec![0.0; n * c];
-    layernorm::backward(&r, &x, &mean, &rstd, &p, &mut grad, &mut dx);
+    layernorm::backward(
+        &r,
+        &x,
+        &mean,
+        &rstd,
+        &gamma,
+        &mut dgamma,
+        Some(&mut dbeta),
+        &mut dx,
+    );
     for i in (0..n * c).step_by(7) {
         let eps = 1e-2;
         let (mut up, mut down) = (x.clone(), x.clone());
@@ -155,7 +162,7 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
     }
     // dbeta is the column sum of the upstream gradient.
     let col: Vec<f32> = (0..c).map(|j| (0..n).map(|i| r[i * c + j]).sum()).collect();
-    assert!(max_diff(grad.beta.as_ref().unwrap(), &col) < 1e-5);
+    assert!(max_diff(&dbeta, &col) < 1e-5);
 }
 
 #[test]
@@ -194,10 +201,10 @@ fn attention_backward_checks_every_buffer_length() {
     let qkv = random(bt * 3 * c, 2);
     let mut att = vec![0.0; s.batch * s.n_head * t * t];
     let mut y = vec![0.0; bt * c];
-    attention::forward(&qkv, s, &mut att, &mut y);
+    attention::forward(&qkv, s, None, &mut att, &mut y);
     let good = |dy: &[f32], att: &[f32]| {
         let mut dqkv = vec![0.0; qkv.len()];
-        attention::backward(dy, &qkv, att, s, &mut dqkv);
+        attention::backward(dy, &qkv, att, s, None, &mut dqkv);
     };
     good(&y, &att);
     let too_long_dy = [y.clone(), vec![0.0; c]].concat();

@@ -9,12 +9,14 @@ use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
+use crate::ops::{self, Pass, Site};
+
 /// Keys and values of one layer for the tokens already seen: `[B, H, T_seen, hs]` each.
 pub(crate) type LayerCache = Option<(Tensor<4>, Tensor<4>)>;
 
-/// What the attention layer returns.
+/// What the composite attention returns.
 pub(crate) struct AttentionOutput {
-    /// `[B, T, C]`: the projected mix of values.
+    /// `[B, T, C]`: the mix of values, heads side by side (before the output projection).
     pub y: Tensor<3>,
     /// `[B, H, T, T_keys]`: the attention weights, when asked for.
     pub weights: Option<Tensor<4>>,
@@ -36,24 +38,56 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
+    /// The projected attention output, on the composite path, without dropout.
+    ///
     /// # Shapes
     /// - x: `[B, T, C]` -> `[B, T, C]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.forward_with(x, None, false).y
+        let pass = Pass {
+            fused: false,
+            dropout: None,
+        };
+        let qkv = self.c_attn.forward(x);
+        self.c_proj
+            .forward(self.composite(qkv, None, false, pass).y)
     }
 
-    /// Attention over `x` and, with a cache, over the keys and values of the tokens seen before
-    /// (which `x` follows); the cache is extended with `x`'s keys and values.
-    pub(crate) fn forward_with(
+    /// `residual + attention(x)`, block `layer` of a pass.
+    ///
+    /// # Shapes
+    /// - x, residual: `[B, T, C]` -> `[B, T, C]`
+    pub(crate) fn forward_pass(
         &self,
         x: Tensor<3>,
+        residual: Tensor<3>,
+        pass: Pass,
+        layer: usize,
+    ) -> Tensor<3> {
+        let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, 3C)
+        let y = if pass.fused {
+            let mask = pass.mask(&self.attn_dropout, layer, Site::AttentionWeights);
+            ops::fused::attention(qkv, self.n_head, mask)
+        } else {
+            self.composite(qkv, None, false, pass).y
+        };
+        let at = (layer, Site::AttentionOutput);
+        ops::project_residual(&self.c_proj, &self.resid_dropout, y, residual, pass, at)
+    }
+
+    /// The attention of the composite path on the `[B, T, 3C]` projection `qkv`, over the
+    /// cached keys and values of the tokens seen before (which these follow) when given; the
+    /// cache is extended with these tokens'.
+    pub(crate) fn composite(
+        &self,
+        qkv: Tensor<3>,
         cache: Option<&mut LayerCache>,
         want_weights: bool,
+        pass: Pass,
     ) -> AttentionOutput {
-        let [b, t, c] = x.dims();
+        let [b, t, c3] = qkv.dims();
+        let c = c3 / 3;
         let h = self.n_head;
         let hs = c / h;
-        let qkv = self.c_attn.forward(x); // (B, T, 3C)
         let heads = |i: usize| {
             qkv.clone()
                 .narrow(2, i * c, c)
@@ -77,10 +111,11 @@ impl CausalSelfAttention {
                 .reshape([1, 1, t, t_keys]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let weights = softmax(scores, 3); // (B, H, T, T_keys), rows sum to 1
-        let y = self.attn_dropout.forward(weights.clone()).matmul(v); // (B, H, T, hs)
-        let y = y.swap_dims(1, 2).reshape([b, t, c]); // (B, T, C): heads side by side
+        let y = pass
+            .composite_dropout(&self.attn_dropout, weights.clone())
+            .matmul(v); // (B, H, T, hs)
         AttentionOutput {
-            y: self.resid_dropout.forward(self.c_proj.forward(y)),
+            y: y.swap_dims(1, 2).reshape([b, t, c]), // (B, T, C): heads side by side
             weights: want_weights.then_some(weights),
         }
     }

@@ -3,8 +3,9 @@
 use burn::nn::LayerNorm;
 use burn::prelude::*;
 
-use crate::attention::{AttentionOutput, CausalSelfAttention, LayerCache};
+use crate::attention::CausalSelfAttention;
 use crate::mlp::Mlp;
+use crate::ops::{self, Pass};
 
 /// A transformer block.
 #[derive(Module, Debug)]
@@ -16,25 +17,14 @@ pub struct Block {
 }
 
 impl Block {
+    /// Block `layer` of a pass.
+    ///
     /// # Shapes
     /// - x: `[B, T, C]` -> `[B, T, C]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.forward_with(x, None, false).0
-    }
-
-    /// The block with an optional key/value cache for this layer, and optionally the attention
-    /// weights `[B, H, T, T_keys]`.
-    pub(crate) fn forward_with(
-        &self,
-        x: Tensor<3>,
-        cache: Option<&mut LayerCache>,
-        want_weights: bool,
-    ) -> (Tensor<3>, Option<Tensor<4>>) {
-        let AttentionOutput { y, weights } =
-            self.attn
-                .forward_with(self.ln_1.forward(x.clone()), cache, want_weights);
-        let x = x + y;
-        let x = x.clone() + self.mlp.forward(self.ln_2.forward(x));
-        (x, weights)
+    pub(crate) fn forward(&self, x: Tensor<3>, pass: Pass, layer: usize) -> Tensor<3> {
+        let h = ops::layer_norm(&self.ln_1, x.clone(), pass);
+        let x = self.attn.forward_pass(h, x, pass, layer);
+        let h = ops::layer_norm(&self.ln_2, x.clone(), pass);
+        self.mlp.forward(h, x, pass, layer)
     }
 }

@@ -127,6 +127,7 @@ impl GptConfig {
             drop: DropoutConfig::new(self.dropout).init(),
             blocks,
             ln_f: self.layer_norm(device),
+            ops: Default::default(),
         })
     }
 
@@ -143,6 +144,7 @@ impl GptConfig {
 
     fn layer_norm(&self, device: &Device) -> LayerNorm {
         LayerNormConfig::new(self.n_embd)
+            .with_epsilon(crate::ops::LAYER_NORM_EPS)
             .with_bias(self.bias)
             .init(device)
     }

@@ -1,12 +1,15 @@
 //! The whole model: embeddings, blocks, final LayerNorm, and the head tied to the token embedding.
 
+use std::sync::OnceLock;
+
 use burn::nn::{Dropout, Embedding, LayerNorm};
 use burn::prelude::*;
 
 use crate::block::Block;
 use crate::cache::KvCache;
+use crate::ops::{self, DropoutKey, Ops, Pass, Site};
 
-/// A decoder-only transformer over characters. Build it with [`crate::GptConfig::init`].
+/// A decoder-only transformer. Build it with [`crate::GptConfig::init`].
 #[derive(Module, Debug)]
 pub struct Gpt {
     /// Token embedding `[vocab_size, n_embd]`; also the output head (weight tying).
@@ -17,53 +20,138 @@ pub struct Gpt {
     pub drop: Dropout,
     pub blocks: Vec<Block>,
     pub ln_f: LayerNorm,
+    /// Which version of the layers runs (not part of the weights).
+    #[module(skip)]
+    pub ops: Ops,
 }
 
 impl Gpt {
-    /// Logits for the next token at every position.
+    /// Logits for the next token at every position, without dropout.
     ///
     /// # Shapes
     /// - idx: `[B, T]` token ids, `T <= block_size`
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
-        let mut x = self.embed(idx, 0);
-        for block in &self.blocks {
-            x = block.forward(x);
-        }
-        self.head(x)
+        let pass = self.pass(&idx.device(), None);
+        let x = self.trunk(idx, pass);
+        ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass))
+    }
+
+    /// Mean cross-entropy of `targets` (the token after each of `idx`): the training objective.
+    /// With `dropout` (a training step's key), dropout applies.
+    ///
+    /// # Shapes
+    /// - idx, targets: `[B, T]` -> `[1]`
+    pub fn loss(
+        &self,
+        idx: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        dropout: Option<DropoutKey>,
+    ) -> Tensor<1> {
+        let pass = self.pass(&idx.device(), dropout);
+        let x = self.trunk(idx, pass);
+        ops::head_loss(&self.ln_f, &self.wte, x, targets, pass)
     }
 
     /// The forward pass that also returns every layer's attention weights, `[B, H, T, T]` each,
-    /// computed by the same code as [`Gpt::forward`].
+    /// on the composite path.
     pub fn forward_with_attention(&self, idx: Tensor<2, Int>) -> (Tensor<3>, Vec<Tensor<4>>) {
-        let mut x = self.embed(idx, 0);
+        let pass = Pass {
+            fused: false,
+            dropout: None,
+        };
+        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, 0, pass);
         let mut weights = Vec::with_capacity(self.blocks.len());
-        for block in &self.blocks {
-            let (y, w) = block.forward_with(x, None, true);
-            x = y;
-            weights.extend(w);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let attn = &block.attn;
+            let qkv = ops::linear(
+                &attn.c_attn,
+                ops::layer_norm(&block.ln_1, x.clone(), pass),
+                pass,
+            );
+            let out = attn.composite(qkv, None, true, pass);
+            weights.extend(out.weights);
+            let at = (layer, Site::AttentionOutput);
+            x = ops::project_residual(&attn.c_proj, &attn.resid_dropout, out.y, x, pass, at);
+            let h = ops::layer_norm(&block.ln_2, x.clone(), pass);
+            x = block.mlp.forward(h, x, pass, layer);
         }
-        (self.head(x), weights)
+        (
+            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass)),
+            weights,
+        )
     }
 
-    /// Logits for `idx`, the tokens that follow those already in `cache`; the cache is extended.
-    /// Gives the same logits as [`Gpt::forward`] over all the tokens seen.
+    /// Logits of the token after the last of `idx`, which follows the tokens already in `cache`;
+    /// the cache is extended. Gives the last position's logits of [`Gpt::forward`] over all the
+    /// tokens seen. Only the last position goes through the last block's attention output and
+    /// MLP; on the fused path, small passes run on one thread.
     ///
     /// # Shapes
     /// - idx: `[B, T_new]`, with `cache.len() + T_new <= block_size`
-    /// - output: `[B, T_new, vocab_size]`
-    pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<3> {
-        let t_new = idx.dims()[1];
+    /// - output: `[B, vocab_size]`
+    pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
+        let [b, t_new] = idx.dims();
         assert!(
             cache.len + t_new <= self.block_size(),
             "the cache holds at most block_size positions"
         );
-        let mut x = self.embed(idx, cache.len);
-        for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward_with(x, Some(layer), false).0;
+        let pass = self.pass(&idx.device(), None);
+        // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
+        // threads costs more than they gain (measured in BENCHMARKS.md).
+        const SMALL_PASS: usize = 200_000_000;
+        if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
+            static ONE_THREAD: OnceLock<rayon::ThreadPool> = OnceLock::new();
+            let pool = ONE_THREAD.get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .expect("a one-thread pool")
+            });
+            pool.install(|| self.cached_pass(idx, cache, pass))
+        } else {
+            self.cached_pass(idx, cache, pass)
+        }
+    }
+
+    fn cached_pass(&self, idx: Tensor<2, Int>, cache: &mut KvCache, pass: Pass) -> Tensor<2> {
+        let [b, t_new] = idx.dims();
+        let device = idx.device();
+        let start = cache.len;
+        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, start, pass);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let last_block = layer + 1 == self.blocks.len();
+            let attn = &block.attn;
+            let qkv = ops::linear(
+                &attn.c_attn,
+                ops::layer_norm(&block.ln_1, x.clone(), pass),
+                pass,
+            );
+            let mut y = if pass.fused {
+                let c = x.dims()[2];
+                let kv = cache.take_buffers(layer, [b, self.block_size(), c], &device);
+                let (y, kv) = ops::fused::cached_attention(qkv, kv, start, attn.n_head, last_block);
+                cache.buffers[layer] = Some(kv);
+                y // (B, 1, C) for the last block
+            } else {
+                attn.composite(qkv, Some(&mut cache.layers[layer]), false, pass)
+                    .y
+            };
+            if last_block {
+                // From here on only the last position matters.
+                x = x.narrow(1, t_new - 1, 1);
+                if y.dims()[1] != 1 {
+                    y = y.narrow(1, t_new - 1, 1);
+                }
+            }
+            let at = (layer, Site::AttentionOutput);
+            x = ops::project_residual(&attn.c_proj, &attn.resid_dropout, y, x, pass, at);
+            let h = ops::layer_norm(&block.ln_2, x.clone(), pass);
+            x = block.mlp.forward(h, x, pass, layer);
         }
         cache.len += t_new;
-        self.head(x)
+        let logits = ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass)); // (B, 1, V)
+        logits.reshape([b, self.vocab_size()])
     }
 
     /// Longest context the model accepts.
@@ -81,21 +169,25 @@ impl Gpt {
         self.blocks.len()
     }
 
-    /// Token plus position embeddings for tokens starting at position `start`.
-    fn embed(&self, idx: Tensor<2, Int>, start: usize) -> Tensor<3> {
-        let t = idx.dims()[1];
-        let device = idx.device();
-        let pos =
-            Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device).reshape([1, t]);
-        let x = self.wte.forward(idx) + self.wpe.forward(pos); // (B, T, C) + (1, T, C)
-        self.drop.forward(x) // (B, T, C)
+    /// This model with the layers of `ops`.
+    pub fn with_ops(mut self, ops: Ops) -> Self {
+        self.ops = ops;
+        self
     }
 
-    /// Final LayerNorm and the tied head: logits = ln_f(x) @ wteᵀ.
-    fn head(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = self.ln_f.forward(x);
-        let w = self.wte.weight.val(); // (V, C)
-        let [v, c] = w.dims();
-        x.matmul(w.transpose().reshape([1, c, v])) // (B, T, V)
+    fn pass(&self, device: &Device, dropout: Option<DropoutKey>) -> Pass {
+        Pass {
+            fused: self.ops.fused_on(device),
+            dropout,
+        }
+    }
+
+    /// Embeddings and blocks: the residual stream after the last block.
+    fn trunk(&self, idx: Tensor<2, Int>, pass: Pass) -> Tensor<3> {
+        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, 0, pass);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            x = block.forward(x, pass, layer);
+        }
+        x
     }
 }

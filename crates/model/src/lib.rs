@@ -6,6 +6,7 @@
 //! - [`Block`]: a pre-LayerNorm residual block of the two.
 //! - [`Gpt`]: embeddings, blocks, final LayerNorm and the head tied to the token embedding.
 //! - [`KvCache`]: keys and values of tokens already seen, for fast sampling.
+//! - [`ops`]: the layers as operations: composite Burn versions, and fused kernels on Flex.
 
 mod attention;
 mod block;
@@ -13,6 +14,7 @@ mod cache;
 mod config;
 mod gpt;
 mod mlp;
+pub mod ops;
 
 pub use attention::CausalSelfAttention;
 pub use block::Block;
@@ -20,3 +22,4 @@ pub use cache::KvCache;
 pub use config::{ConfigError, GptConfig};
 pub use gpt::Gpt;
 pub use mlp::Mlp;
+pub use ops::{DropoutKey, Ops, cross_entropy};

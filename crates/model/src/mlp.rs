@@ -3,6 +3,8 @@
 use burn::nn::{Dropout, Gelu, Linear};
 use burn::prelude::*;
 
+use crate::ops::{self, Pass, Site};
+
 /// The block's multilayer perceptron.
 #[derive(Module, Debug)]
 pub struct Mlp {
@@ -17,10 +19,19 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// `residual + mlp(x)`, block `layer` of a pass.
+    ///
     /// # Shapes
-    /// - x: `[B, T, C]` -> `[B, T, C]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self.gelu.forward(self.c_fc.forward(x)); // (B, T, 4C)
-        self.dropout.forward(self.c_proj.forward(h)) // (B, T, C)
+    /// - x, residual: `[B, T, C]` -> `[B, T, C]`
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<3>,
+        residual: Tensor<3>,
+        pass: Pass,
+        layer: usize,
+    ) -> Tensor<3> {
+        let h = ops::gelu(ops::linear(&self.c_fc, x, pass), pass); // (B, T, 4C)
+        let at = (layer, Site::MlpOutput);
+        ops::project_residual(&self.c_proj, &self.dropout, h, residual, pass, at) // (B, T, C)
     }
 }

@@ -4,7 +4,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use cinder_model::{CausalSelfAttention, Gpt, GptConfig, KvCache};
+use cinder_model::{CausalSelfAttention, Gpt, GptConfig, KvCache, Ops};
 
 fn device() -> Device {
     Device::flex()
@@ -157,19 +157,33 @@ fn head_is_the_token_embedding() {
 fn cached_logits_equal_full_forward() {
     let device = device();
     let (_, model) = tiny(&device);
-    let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
-    let full = to_vec(model.forward(ids(&[&tokens], &device)));
-    // Prompt of 3 tokens at once, then one token at a time.
-    let mut cache = KvCache::new(2);
-    let mut cached = to_vec(model.forward_cached(ids(&[&tokens[..3]], &device), &mut cache));
-    for t in 3..8 {
-        cached.extend(to_vec(
-            model.forward_cached(ids(&[&tokens[t..=t]], &device), &mut cache),
-        ));
+    for ops in [Ops::Fused, Ops::Composite] {
+        let model = model.clone().with_ops(ops);
+        let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
+        let full = model.forward(ids(&[&tokens, &tokens], &device)); // (2, 8, V)
+        let at = |t: usize| to_vec(full.clone().slice(s![.., t..=t, ..]));
+        // Prompt of 3 tokens at once, then one token at a time.
+        let mut cache = KvCache::new(2);
+        let prompt = ids(&[&tokens[..3], &tokens[..3]], &device);
+        let mut cached = vec![to_vec(model.forward_cached(prompt, &mut cache))];
+        let mut full_rows = vec![at(2)];
+        for t in 3..8 {
+            let next = ids(&[&tokens[t..=t], &tokens[t..=t]], &device);
+            cached.push(to_vec(model.forward_cached(next, &mut cache)));
+            full_rows.push(at(t));
+        }
+        assert_eq!(cache.len(), 8);
+        let diff = max_abs_diff(&full_rows.concat(), &cached.concat());
+        assert!(diff < 1e-4, "{ops:?}: max difference {diff}");
+        // A cleared cache starts again from position 0.
+        cache.clear();
+        let again =
+            to_vec(model.forward_cached(ids(&[&tokens[..3], &tokens[..3]], &device), &mut cache));
+        assert!(
+            max_abs_diff(&again, &cached[0]) < 1e-6,
+            "{ops:?}: after clear"
+        );
     }
-    assert_eq!(cache.len(), 8);
-    let diff = max_abs_diff(&full, &cached);
-    assert!(diff < 1e-4, "max difference {diff}");
 }
 
 #[test]
@@ -181,7 +195,8 @@ fn attention_weights_are_causal_rows_that_reproduce_the_output() {
         &device,
     );
     let (logits, weights) = model.forward_with_attention(input.clone());
-    assert_eq!(to_vec(logits), to_vec(model.forward(input)));
+    let composite = model.clone().with_ops(Ops::Composite);
+    assert_eq!(to_vec(logits), to_vec(composite.forward(input)));
     assert_eq!(weights.len(), 2);
     for w in &weights {
         assert_eq!(w.dims(), [2, 2, 8, 8]);

@@ -6,12 +6,11 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::prelude::*;
-use cinder::cli::{Overrides, exit_on_error};
+use cinder::cli::{OpsArg, Overrides, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::generate::{GenerateOptions, generate};
-use cinder::kernels::Engine;
 use cinder::sampling::SamplingParams;
 use cinder::train::Trainer;
 use clap::{Parser, Subcommand};
@@ -29,9 +28,10 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
-    /// What runs the model (train and sample; breakdown always measures Burn)
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
     #[arg(long, value_enum, default_value_t)]
-    engine: Engine,
+    ops: OpsArg,
     #[command(subcommand)]
     mode: Mode,
     #[command(flatten)]
@@ -89,8 +89,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             warmup_steps,
             steps,
         } => {
-            let mut t = trainer(&args.data, &config, &backend)?.with_engine(args.engine)?;
-            out["engine"] = t.engine_name().into();
+            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
+            out["ops"] = t.ops_name().into();
             let params = t.model().num_params();
             for _ in 0..warmup_steps {
                 t.step();
@@ -112,7 +112,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Mode::Sample { tokens, no_cache } => {
             let device = backend.device.clone();
             device.seed(config.seed);
-            let model = config.model(65).init(&device)?;
+            let model = config.model(65).init(&device)?.with_ops(args.ops.into());
             let opts = GenerateOptions {
                 max_new_tokens: tokens,
                 num_samples: 1,
@@ -123,19 +123,22 @@ fn run(args: Args) -> anyhow::Result<()> {
                 },
                 seed: config.seed,
                 use_cache: !no_cache,
-                kernels: cinder::kernels::for_inference(args.engine, &backend)
-                    .map_err(anyhow::Error::msg)?,
             };
             let start = Instant::now();
             generate(&model, &[0], &opts, &device, |_, _| {});
             let secs = start.elapsed().as_secs_f64();
             out["tokens"] = tokens.into();
             out["cache"] = (!no_cache).into();
-            out["engine"] = if opts.kernels { "kernels" } else { "burn" }.into();
+            out["ops"] = if model.ops.fused_on(&device) {
+                "fused"
+            } else {
+                "composite"
+            }
+            .into();
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {
-            let t = trainer(&args.data, &config, &backend)?;
+            let t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
             let phases = breakdown(t, steps);
             for (name, ms) in phases {
                 out[format!("{name}_ms")] = round(ms, 3).into();
@@ -172,13 +175,12 @@ fn trainer(
 fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
     use burn::optim::GradientsParams;
     use cinder::data::batch_tensors;
-    use cinder::loss::cross_entropy;
     use cinder_data::{Batcher, Split};
     let c = t.config.clone();
     let device = t.backend.device.clone().autodiff();
     let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
     let mut model = t.model().clone();
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 6];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 4];
     for it in 0..steps as u64 + 3 {
         let mut lap = Instant::now();
         let mut mark = |i: usize, times: &mut Vec<Vec<f64>>| {
@@ -190,19 +192,19 @@ fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
         let batch = batcher.batch(t.splits.get(Split::Train), Split::Train, 0, it);
         let (x, y) = batch_tensors(&batch, &device);
         mark(0, &mut times);
-        let logits = model.forward(x);
-        mark(1, &mut times);
-        let loss = cross_entropy(logits, y);
+        let key = cinder_model::DropoutKey {
+            seed: c.seed,
+            draw: it,
+        };
+        let loss = model.loss(x, y, Some(key));
         let _ = loss.clone().into_scalar::<f32>();
+        mark(1, &mut times);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
         mark(2, &mut times);
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = t.optim.step(1e-3, model, grads, c.grad_clip);
         mark(3, &mut times);
-        cinder::optim::clip_global_norm(&model, &mut grads, c.grad_clip);
-        mark(4, &mut times);
-        model = t.optim.step(1e-3, model, grads);
-        mark(5, &mut times);
     }
-    let names = ["batch", "forward", "loss", "backward", "clip", "adamw"];
+    let names = ["batch", "forward_loss", "backward", "clip_adamw"];
     names
         .iter()
         .zip(times)

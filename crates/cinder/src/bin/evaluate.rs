@@ -5,11 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use cinder::checkpoint;
-use cinder::cli::exit_on_error;
+use cinder::cli::{OpsArg, exit_on_error};
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::eval::text_loss;
-use cinder::kernels::{self, Engine};
 use cinder::train::{BEST, LATEST};
 use cinder_data::{Corpus, Split, Tokenizer};
 use clap::Parser;
@@ -40,9 +39,10 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
-    /// What runs the model: cinder's hand-written CPU kernels (auto: on a CPU backend) or Burn
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
     #[arg(long, value_enum, default_value_t)]
-    engine: Engine,
+    ops: OpsArg,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -131,11 +131,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             bar.set_position(done as u64);
         }
     };
-    let result = if kernels::for_inference(args.engine, &backend).map_err(anyhow::Error::msg)? {
-        kernels::text_loss(&model, &ids, args.batch_size, progress)
-    } else {
-        text_loss(&model, &ids, args.batch_size, &backend.device, progress)
-    };
+    let model = model.with_ops(args.ops.into());
+    let result = text_loss(&model, &ids, args.batch_size, &backend.device, progress);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

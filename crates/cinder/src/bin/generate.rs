@@ -6,10 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use cinder::checkpoint;
-use cinder::cli::exit_on_error;
+use cinder::cli::{OpsArg, exit_on_error};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::generate::{GenerateOptions, generate};
-use cinder::kernels::{self, Engine};
 use cinder::sampling::SamplingParams;
 use cinder::train::{BEST, LATEST};
 use cinder_data::{TextStream, Tokenizer};
@@ -60,9 +59,10 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
-    /// What runs the model: cinder's hand-written CPU kernels (auto: on a CPU backend) or Burn
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
     #[arg(long, value_enum, default_value_t)]
-    engine: Engine,
+    ops: OpsArg,
 }
 
 fn main() {
@@ -120,7 +120,6 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         seed: args.seed,
         use_cache: !args.no_cache,
-        kernels: kernels::for_inference(args.engine, &backend).map_err(anyhow::Error::msg)?,
     };
     let prompt_str = tokenizer.decode(&prompt);
     let mut out = std::io::stdout().lock();
@@ -133,6 +132,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     // The first sample streams as it is generated; the others print when the batch is done.
     // A token may end inside a character: the stream holds such bytes back until they decode.
     let mut stream = TextStream::new(&tokenizer);
+    let model = model.with_ops(args.ops.into());
     let samples = generate(&model, &prompt, &opts, &backend.device, |sample, token| {
         if sample == 0 {
             let _ = write!(out, "{}", stream.push(token));

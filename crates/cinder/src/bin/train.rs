@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use burn::module::Module;
 use cinder::checkpoint;
-use cinder::cli::{Overrides, adopt_architecture, apply_on_resume, exit_on_error};
+use cinder::cli::{OpsArg, Overrides, adopt_architecture, apply_on_resume, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::kernels::Engine;
 use cinder::metrics::{self, MetricsLog};
 use cinder::plot::LossPlot;
 use cinder::progress::{ConsoleObserver, Verbosity};
@@ -60,10 +59,10 @@ struct Args {
     /// Where to run
     #[arg(long, value_enum, default_value_t)]
     device: DeviceChoice,
-    /// What computes the gradients: cinder's hand-written CPU kernels (auto: where they apply,
-    /// i.e. on the CPU without dropout) or Burn's autodiff
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
     #[arg(long, value_enum, default_value_t)]
-    engine: Engine,
+    ops: OpsArg,
     /// Print only errors and the final summary
     #[arg(long, short, conflicts_with = "verbose")]
     quiet: bool,
@@ -74,10 +73,10 @@ struct Args {
     overrides: Overrides,
 }
 
-fn engine_description(name: &str) -> &'static str {
+fn ops_description(name: &str) -> &'static str {
     match name {
-        "kernels" => "cinder's hand-written CPU kernels",
-        _ => "Burn autodiff",
+        "fused" => "cinder's fused CPU kernels, trained by Burn's autodiff",
+        _ => "Burn's composite operations, trained by Burn's autodiff",
     }
 }
 
@@ -108,11 +107,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(from) => resume(&args, from, backend, &say)?,
         None => start(&args, backend, &say)?,
     };
-    let mut trainer = trainer.with_engine(args.engine)?;
-    say(format!(
-        "gradients: {}",
-        engine_description(trainer.engine_name())
-    ));
+    let mut trainer = trainer.with_ops(args.ops.into());
+    say(format!("layers: {}", ops_description(trainer.ops_name())));
     say(format!(
         "model: {} parameters, vocabulary {} {}; run folder {}",
         trainer.model().num_params(),

@@ -1,0 +1,675 @@
+//! The layers as single Burn operations on the Flex (CPU) backend, each computed by its
+//! hand-written kernel from `cinder-kernels` and carrying its own backward pass (Burn's backend
+//! extension). [`Layers`] is implemented twice: for `Flex` (the forward alone: inference) and for
+//! `Autodiff<Flex>` (the forward, and a [`Backward`] step that calls the kernel's backward).
+//!
+//! Every operation treats its input as rows of its last dimension (`[B, T, C]` as `[B*T, C]`),
+//! and the output keeps the input's leading dimensions. An optional input (a bias, a residual)
+//! is passed as an empty tensor when absent; no gradient flows to it.
+
+use burn::backend::autodiff::{
+    Autodiff,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, NodeGuard, Ops, OpsKind},
+};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use burn::tensor::{Shape, TensorData};
+use cinder_kernels::attention::{self, CachedShape};
+use cinder_kernels::dropout::{self, Mask};
+use cinder_kernels::{embedding, gelu, layernorm, linear, loss};
+
+/// The layers that have a fused version, for training (and inference) on Flex.
+#[backend_extension(Flex, Autodiff)]
+pub trait Layers: burn::backend::Backend {
+    /// `wte[ids] + wpe[start..]`: `[B, T]` ids -> `[B, T, C]`.
+    fn embed(
+        ids: IntTensor<Self>,
+        wte: FloatTensor<Self>,
+        wpe: FloatTensor<Self>,
+        start: usize,
+    ) -> FloatTensor<Self>;
+    /// LayerNorm over the last dimension (`beta` empty: no shift).
+    fn layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self>;
+    /// `residual + (x W + b)` (`bias`, `residual`: empty when absent).
+    fn linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+    /// The exact (erf) GELU.
+    fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
+    /// the weights when `p > 0`.
+    fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
+    /// `x ⊙ mask`, the mask drawn from `seed` (see `cinder_kernels::dropout`).
+    fn dropout(x: FloatTensor<Self>, p: f32, seed: u64) -> FloatTensor<Self>;
+    /// Mean cross-entropy of `targets` under the tied head's logits `x wteᵀ`: `[1]`.
+    fn head_loss(
+        x: FloatTensor<Self>,
+        wte: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// Inference-only operations on plain Flex.
+#[backend_extension(Flex)]
+pub trait Inference: burn::backend::Backend {
+    /// Attention of the new positions over a key/value cache `[S, block, C]` that they are
+    /// written into; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
+    /// `last_only`, `[S, 1, C]`.
+    fn cached_attention(
+        qkv: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        start: usize,
+        n_head: usize,
+        last_only: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-level entry points, for the model.
+
+pub fn embed(ids: Tensor<2, Int>, wte: Tensor<2>, wpe: Tensor<2>, start: usize) -> Tensor<3> {
+    Tensor::from_dispatch(<Dispatch as Layers>::embed(
+        ids.into_dispatch(),
+        wte.into_dispatch(),
+        wpe.into_dispatch(),
+        start,
+    ))
+}
+
+pub fn layer_norm<const D: usize>(
+    x: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Option<Tensor<1>>,
+    eps: f32,
+) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::layer_norm(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        or_empty(beta, &device),
+        eps,
+    ))
+}
+
+pub fn linear<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    residual: Option<Tensor<D>>,
+) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::linear(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        or_empty(bias, &device),
+        or_empty(residual, &device),
+    ))
+}
+
+/// `t`, or an empty tensor that stands for its absence.
+fn or_empty<const D: usize>(
+    t: Option<Tensor<D>>,
+    device: &Device,
+) -> burn::backend::DispatchTensor {
+    t.unwrap_or_else(|| Tensor::<D>::empty([0; D], device))
+        .into_dispatch()
+}
+
+pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as Layers>::gelu(x.into_dispatch()))
+}
+
+pub fn attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
+    let (p, seed) = mask.map_or((0.0, 0), |m| (m.p, m.seed));
+    Tensor::from_dispatch(<Dispatch as Layers>::attention(
+        qkv.into_dispatch(),
+        n_head,
+        p,
+        seed,
+    ))
+}
+
+pub fn dropout<const D: usize>(x: Tensor<D>, mask: Mask) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as Layers>::dropout(
+        x.into_dispatch(),
+        mask.p,
+        mask.seed,
+    ))
+}
+
+pub fn head_loss(x: Tensor<3>, wte: Tensor<2>, targets: Tensor<2, Int>) -> Tensor<1> {
+    Tensor::from_dispatch(<Dispatch as Layers>::head_loss(
+        x.into_dispatch(),
+        wte.into_dispatch(),
+        targets.into_dispatch(),
+    ))
+}
+
+pub fn cached_attention(
+    qkv: Tensor<3>,
+    cache: (Tensor<3>, Tensor<3>),
+    start: usize,
+    n_head: usize,
+    last_only: bool,
+) -> (Tensor<3>, (Tensor<3>, Tensor<3>)) {
+    let (y, k, v) = <Dispatch as Inference>::cached_attention(
+        qkv.into_dispatch(),
+        cache.0.into_dispatch(),
+        cache.1.into_dispatch(),
+        start,
+        n_head,
+        last_only,
+    );
+    let t = |x| Tensor::<3>::from_dispatch(x);
+    (t(y), (t(k), t(v)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers.
+
+/// The values of a float tensor, row-major (copied only if its layout is not contiguous).
+fn floats(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => s.into(),
+        None => t
+            .to_contiguous()
+            .as_slice::<f32>()
+            .expect("cinder's tensors are f32")
+            .to_vec()
+            .into(),
+    }
+}
+
+/// The ids of an int tensor.
+fn ids(t: &FlexTensor) -> Vec<u32> {
+    t.clone()
+        .into_data()
+        .convert::<u32>()
+        .try_into_vec::<u32>()
+        .expect("ids convert to u32")
+}
+
+/// A tensor of `shape` holding `values`.
+fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+fn dims(t: &FlexTensor) -> Vec<usize> {
+    t.layout().shape().to_vec()
+}
+
+/// `shape` with its last dimension replaced by `last`.
+fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    *s.last_mut().expect("a tensor of rank >= 1") = last;
+    s
+}
+
+fn zeros(n: usize) -> Vec<f32> {
+    vec![0.0; n]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels as forward and backward over FlexTensors, shared by the two implementations.
+
+/// A layer's forward pass, which also returns what its backward pass needs, and that backward
+/// pass. Inputs absent in a call (a bias, a residual) are given as empty tensors.
+trait Kernel<const N: usize>: std::fmt::Debug + Send + Sized + 'static {
+    type Saved: Clone + std::fmt::Debug + Send + 'static;
+    fn forward(&self, inputs: &[FlexTensor; N]) -> (FlexTensor, Self::Saved);
+    /// Each input's gradient, for those `wanted`.
+    fn backward(
+        self,
+        saved: Self::Saved,
+        grad: FlexTensor,
+        wanted: [bool; N],
+    ) -> [Option<FlexTensor>; N];
+}
+
+/// A kernel as a step of Burn's autodiff graph.
+#[derive(Debug)]
+struct Step<K>(K);
+
+impl<K: Kernel<N>, const N: usize> Backward<Flex, N> for Step<K> {
+    type State = K::Saved;
+
+    fn backward(self, ops: Ops<K::Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let wanted = ops.parents.each_ref().map(Option::is_some);
+        let out = self.0.backward(ops.state, grad, wanted);
+        for (parent, g) in ops.parents.iter().zip(out) {
+            if let (Some(parent), Some(g)) = (parent, g) {
+                grads.register::<Flex>(parent.id, g);
+            }
+        }
+    }
+}
+
+type Ad<C> = Autodiff<Flex, C>;
+type AdTensor<C> = FloatTensor<Ad<C>>;
+
+/// Runs `kernel` on autodiff tensors: its forward now, its backward when the graph is walked.
+fn tracked<K: Kernel<N>, C: CheckpointStrategy, const N: usize>(
+    kernel: K,
+    inputs: [AdTensor<C>; N],
+) -> AdTensor<C> {
+    let (prims, guards): (Vec<FlexTensor>, Vec<NodeGuard>) =
+        inputs.into_iter().map(|t| t.into_parts()).unzip();
+    let prims: [FlexTensor; N] = prims.try_into().expect("N inputs");
+    let guards: [NodeGuard; N] = guards.try_into().expect("N inputs");
+    let (out, saved) = kernel.forward(&prims);
+    match Step(kernel).prepare::<C>(guards).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(saved, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+/// Whether an optional input is there (absent ones are empty).
+fn present(t: &FlexTensor) -> bool {
+    t.layout().num_elements() > 0
+}
+
+#[derive(Debug)]
+struct Embed {
+    ids: Vec<u32>,
+    seq: usize,
+    start: usize,
+}
+
+impl Kernel<2> for Embed {
+    type Saved = (Vec<usize>, Vec<usize>); // the shapes of wte and wpe
+
+    fn forward(&self, [wte, wpe]: &[FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        let (wte_dims, wpe_dims) = (dims(wte), dims(wpe));
+        let c = wte_dims[1];
+        let mut out = zeros(self.ids.len() * c);
+        let seq = self.seq;
+        embedding::forward(
+            &self.ids,
+            seq,
+            self.start,
+            &floats(wte),
+            &floats(wpe),
+            &mut out,
+        );
+        let b = self.ids.len() / seq;
+        (tensor(out, [b, seq, c]), (wte_dims, wpe_dims))
+    }
+
+    fn backward(
+        self,
+        (wte_dims, wpe_dims): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 2],
+    ) -> [Option<FlexTensor>; 2] {
+        assert_eq!(self.start, 0, "the embeddings train from position 0");
+        let mut dwte = zeros(wte_dims.iter().product());
+        let mut dwpe = zeros(wpe_dims.iter().product());
+        embedding::backward(&floats(&grad), &self.ids, self.seq, &mut dwte, &mut dwpe);
+        [Some(tensor(dwte, wte_dims)), Some(tensor(dwpe, wpe_dims))]
+    }
+}
+
+#[derive(Debug)]
+struct LayerNorm {
+    eps: f32,
+}
+
+impl Kernel<3> for LayerNorm {
+    /// x, gamma, beta present, mean, rstd
+    type Saved = (FlexTensor, FlexTensor, bool, Vec<f32>, Vec<f32>);
+
+    fn forward(&self, [x, gamma, beta]: &[FlexTensor; 3]) -> (FlexTensor, Self::Saved) {
+        let shape = dims(x);
+        let xs = floats(x);
+        let c = *shape.last().expect("rank >= 1");
+        let rows = xs.len() / c;
+        let (mut out, mut mean, mut rstd) = (zeros(xs.len()), zeros(rows), zeros(rows));
+        let (g, b) = (floats(gamma), floats(beta));
+        let norm = layernorm::Norm {
+            gamma: &g,
+            beta: present(beta).then_some(&b[..]),
+            eps: self.eps,
+        };
+        layernorm::forward(&xs, norm, &mut out, &mut mean, &mut rstd);
+        let saved = (x.clone(), gamma.clone(), present(beta), mean, rstd);
+        (tensor(out, shape), saved)
+    }
+
+    fn backward(
+        self,
+        (x, gamma, has_beta, mean, rstd): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 3],
+    ) -> [Option<FlexTensor>; 3] {
+        let (xs, g) = (floats(&x), floats(&gamma));
+        let c = g.len();
+        let (mut dx, mut dgamma, mut dbeta) = (zeros(xs.len()), zeros(c), zeros(c));
+        let dbeta_out = has_beta.then_some(&mut dbeta[..]);
+        layernorm::backward(
+            &floats(&grad),
+            &xs,
+            &mean,
+            &rstd,
+            &g,
+            &mut dgamma,
+            dbeta_out,
+            &mut dx,
+        );
+        [
+            Some(tensor(dx, dims(&x))),
+            Some(tensor(dgamma, [c])),
+            has_beta.then(|| tensor(dbeta, [c])),
+        ]
+    }
+}
+
+#[derive(Debug)]
+struct Linear;
+
+impl Kernel<4> for Linear {
+    /// x, weight, bias present, residual present
+    type Saved = (FlexTensor, FlexTensor, bool, bool);
+
+    fn forward(&self, [x, w, b, r]: &[FlexTensor; 4]) -> (FlexTensor, Self::Saved) {
+        let shape = dims(x);
+        let d_out = dims(w)[1];
+        let (xs, ws, bs) = (floats(x), floats(w), floats(b));
+        let layer = linear::Linear::new(&ws, present(b).then_some(&bs[..]), d_out);
+        let mut out = zeros(xs.len() / layer.d_in * d_out);
+        if present(r) {
+            linear::forward_residual(&xs, layer, &floats(r), &mut out);
+        } else {
+            linear::forward(&xs, layer, &mut out);
+        }
+        let saved = (x.clone(), w.clone(), present(b), present(r));
+        (tensor(out, with_last(&shape, d_out)), saved)
+    }
+
+    fn backward(
+        self,
+        (x, w, has_bias, has_residual): Self::Saved,
+        grad: FlexTensor,
+        wanted: [bool; 4],
+    ) -> [Option<FlexTensor>; 4] {
+        let [want_x, want_w, ..] = wanted;
+        let (xs, ws, dy) = (floats(&x), floats(&w), floats(&grad));
+        let [d_in, d_out] = [dims(&w)[0], dims(&w)[1]];
+        let layer = linear::Linear::new(&ws, None, d_out);
+        let mut dx = want_x.then(|| zeros(xs.len()));
+        let mut dw = want_w.then(|| zeros(ws.len()));
+        let mut db = has_bias.then(|| zeros(d_out));
+        linear::backward(
+            &dy,
+            &xs,
+            layer,
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        );
+        [
+            dx.map(|dx| tensor(dx, dims(&x))),
+            dw.map(|dw| tensor(dw, [d_in, d_out])),
+            db.map(|db| tensor(db, [d_out])),
+            has_residual.then_some(grad),
+        ]
+    }
+}
+
+#[derive(Debug)]
+struct Gelu;
+
+impl Kernel<1> for Gelu {
+    /// GELU's derivative at the input.
+    type Saved = FlexTensor;
+
+    fn forward(&self, [x]: &[FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+        let shape = dims(x);
+        let mut derivative = floats(x).into_owned();
+        let mut out = zeros(derivative.len());
+        gelu::forward_keep_derivative(&mut derivative, None, &mut out);
+        (tensor(out, shape.clone()), tensor(derivative, shape))
+    }
+
+    fn backward(
+        self,
+        derivative: FlexTensor,
+        grad: FlexTensor,
+        _: [bool; 1],
+    ) -> [Option<FlexTensor>; 1] {
+        let mut d = floats(&grad).into_owned();
+        gelu::backward_from_derivative(&floats(&derivative), &mut d);
+        [Some(tensor(d, dims(&grad)))]
+    }
+}
+
+#[derive(Debug)]
+struct Attention {
+    n_head: usize,
+    mask: Option<Mask>,
+}
+
+impl Attention {
+    fn shape(&self, qkv: &[usize]) -> attention::Shape {
+        let [batch, seq, c3] = qkv.try_into().expect("qkv is [B, T, 3C]");
+        attention::Shape {
+            batch,
+            seq,
+            n_head: self.n_head,
+            n_embd: c3 / 3,
+        }
+    }
+}
+
+impl Kernel<1> for Attention {
+    /// qkv, the weights before dropout
+    type Saved = (FlexTensor, Vec<f32>);
+
+    fn forward(&self, [qkv]: &[FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+        let s = self.shape(&dims(qkv));
+        let mut att = zeros(s.batch * s.n_head * s.seq * s.seq);
+        let mut y = zeros(s.batch * s.seq * s.n_embd);
+        attention::forward(&floats(qkv), s, self.mask, &mut att, &mut y);
+        (tensor(y, [s.batch, s.seq, s.n_embd]), (qkv.clone(), att))
+    }
+
+    fn backward(
+        self,
+        (qkv, att): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 1],
+    ) -> [Option<FlexTensor>; 1] {
+        let shape = dims(&qkv);
+        let s = self.shape(&shape);
+        let q = floats(&qkv);
+        let mut dqkv = zeros(q.len());
+        attention::backward(&floats(&grad), &q, &att, s, self.mask, &mut dqkv);
+        [Some(tensor(dqkv, shape))]
+    }
+}
+
+#[derive(Debug)]
+struct Dropout(Mask);
+
+impl Kernel<1> for Dropout {
+    type Saved = ();
+
+    fn forward(&self, [x]: &[FlexTensor; 1]) -> (FlexTensor, ()) {
+        let xs = floats(x);
+        let mut out = zeros(xs.len());
+        dropout::apply(&xs, self.0, &mut out);
+        (tensor(out, dims(x)), ())
+    }
+
+    fn backward(self, _: (), grad: FlexTensor, _: [bool; 1]) -> [Option<FlexTensor>; 1] {
+        [Some(self.forward(&[grad]).0)]
+    }
+}
+
+#[derive(Debug)]
+struct HeadLoss {
+    targets: Vec<u32>,
+}
+
+impl Kernel<2> for HeadLoss {
+    /// x, wte, the probabilities
+    type Saved = (FlexTensor, FlexTensor, Vec<f32>);
+
+    fn forward(&self, [x, wte]: &[FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        let v = dims(wte)[0];
+        let mut probs = zeros(self.targets.len() * v);
+        let mean = loss::forward(&floats(x), &floats(wte), &self.targets, &mut probs);
+        (tensor(vec![mean], [1]), (x.clone(), wte.clone(), probs))
+    }
+
+    fn backward(
+        self,
+        (x, wte, mut probs): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 2],
+    ) -> [Option<FlexTensor>; 2] {
+        let scale = floats(&grad)[0];
+        let (xs, ws) = (floats(&x), floats(&wte));
+        let (mut dx, mut dwte) = (zeros(xs.len()), zeros(ws.len()));
+        loss::backward(
+            &xs,
+            &ws,
+            &self.targets,
+            scale,
+            &mut probs,
+            &mut dx,
+            &mut dwte,
+        );
+        [Some(tensor(dx, dims(&x))), Some(tensor(dwte, dims(&wte)))]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two implementations.
+
+fn mask(p: f32, seed: u64) -> Option<Mask> {
+    (p > 0.0).then_some(Mask { p, seed })
+}
+
+fn embed_kernel(ids_t: &FlexTensor, start: usize) -> Embed {
+    let [_, seq] = dims(ids_t).try_into().expect("ids are [B, T]");
+    Embed {
+        ids: ids(ids_t),
+        seq,
+        start,
+    }
+}
+
+impl Layers for Flex {
+    fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, start: usize) -> FlexTensor {
+        embed_kernel(&ids, start).forward(&[wte, wpe]).0
+    }
+    fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
+        LayerNorm { eps }.forward(&[x, g, b]).0
+    }
+    fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
+        Linear.forward(&[x, w, b, r]).0
+    }
+    fn gelu(x: FlexTensor) -> FlexTensor {
+        Gelu.forward(&[x]).0
+    }
+    fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
+        let mask = mask(p, seed);
+        Attention { n_head, mask }.forward(&[qkv]).0
+    }
+    fn dropout(x: FlexTensor, p: f32, seed: u64) -> FlexTensor {
+        match mask(p, seed) {
+            Some(m) => Dropout(m).forward(&[x]).0,
+            None => x,
+        }
+    }
+    fn head_loss(x: FlexTensor, wte: FlexTensor, targets: FlexTensor) -> FlexTensor {
+        HeadLoss {
+            targets: ids(&targets),
+        }
+        .forward(&[x, wte])
+        .0
+    }
+}
+
+impl<C: CheckpointStrategy> Layers for Ad<C> {
+    fn embed(ids: FlexTensor, wte: AdTensor<C>, wpe: AdTensor<C>, start: usize) -> AdTensor<C> {
+        tracked::<_, C, _>(embed_kernel(&ids, start), [wte, wpe])
+    }
+    fn layer_norm(x: AdTensor<C>, g: AdTensor<C>, b: AdTensor<C>, eps: f32) -> AdTensor<C> {
+        tracked::<_, C, 3>(LayerNorm { eps }, [x, g, b])
+    }
+    fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
+        tracked::<_, C, 4>(Linear, [x, w, b, r])
+    }
+    fn gelu(x: AdTensor<C>) -> AdTensor<C> {
+        tracked::<_, C, _>(Gelu, [x])
+    }
+    fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
+        let mask = mask(p, seed);
+        tracked::<_, C, _>(Attention { n_head, mask }, [qkv])
+    }
+    fn dropout(x: AdTensor<C>, p: f32, seed: u64) -> AdTensor<C> {
+        match mask(p, seed) {
+            Some(m) => tracked::<_, C, _>(Dropout(m), [x]),
+            None => x,
+        }
+    }
+    fn head_loss(x: AdTensor<C>, wte: AdTensor<C>, targets: FlexTensor) -> AdTensor<C> {
+        tracked::<_, C, _>(
+            HeadLoss {
+                targets: ids(&targets),
+            },
+            [x, wte],
+        )
+    }
+}
+
+impl Inference for Flex {
+    fn cached_attention(
+        qkv: FlexTensor,
+        keys: FlexTensor,
+        values: FlexTensor,
+        start: usize,
+        n_head: usize,
+        last_only: bool,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let [samples, new, c3] = dims(&qkv).try_into().expect("qkv is [S, T, 3C]");
+        let [_, block, c] = dims(&keys).try_into().expect("keys are [S, block, C]");
+        assert_eq!(c3, 3 * c);
+        let s = CachedShape {
+            samples,
+            new,
+            start,
+            block,
+            n_head,
+            n_embd: c,
+        };
+        let rows = if last_only { 1 } else { new };
+        let mut y = zeros(samples * rows * c);
+        // Written in place when the cache is not shared (the sampler's own), else copied.
+        let (mut keys, mut values) = (keys, values);
+        attention::forward_cached(
+            &floats(&qkv),
+            keys.storage_mut::<f32>(),
+            values.storage_mut::<f32>(),
+            s,
+            last_only,
+            &mut y,
+        );
+        (tensor(y, [samples, rows, c]), keys, values)
+    }
+}

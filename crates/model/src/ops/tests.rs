@@ -1,0 +1,263 @@
+//! Each fused layer against its composite version on `Flex` with autodiff: the same values, and
+//! the same gradients for its input and its parameters, over several shapes. The kernels'
+//! backward passes are checked against finite differences in `cinder-kernels`' tests.
+
+use burn::module::Param;
+use burn::nn::{DropoutConfig, EmbeddingConfig, LayerNormConfig, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use cinder_kernels::dropout::Mask;
+
+use super::*;
+
+const FUSED: Pass = Pass {
+    fused: true,
+    dropout: None,
+};
+const COMPOSITE: Pass = Pass {
+    fused: false,
+    dropout: None,
+};
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+fn random<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<D> {
+    let device = device();
+    device.seed(seed);
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device)
+}
+
+fn values<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
+    t.clone()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The output of `f` and the gradients of `sum(output * weights)` for `inputs`, with a fixed
+/// random `weights` so that every output element matters differently.
+fn run<const D: usize, const N: usize>(
+    inputs: [Tensor<D>; N],
+    f: impl Fn([Tensor<D>; N]) -> Tensor<3>,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let inputs = inputs.map(|t| t.detach().require_grad());
+    let out = f(inputs.clone());
+    let weights = random(out.dims(), 99);
+    let grads = (out.clone() * weights).sum().backward();
+    let g = inputs
+        .iter()
+        .map(|t| values(&t.grad(&grads).expect("a gradient for every input")))
+        .collect();
+    (values(&out), g)
+}
+
+fn assert_close(
+    what: &str,
+    (a, ga): (Vec<f32>, Vec<Vec<f32>>),
+    (b, gb): (Vec<f32>, Vec<Vec<f32>>),
+    tol: f32,
+) {
+    let d = max_diff(&a, &b);
+    assert!(d < tol, "{what}: values differ by {d}");
+    for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+        let d = max_diff(x, y);
+        assert!(d < tol, "{what}: gradient of input {i} differs by {d}");
+    }
+}
+
+/// Parameters of a module replaced by random values (so biases and gains are not trivial).
+fn randomise<const D: usize>(p: &Param<Tensor<D>>, seed: u64) -> Param<Tensor<D>> {
+    Param::initialized(p.id, random(p.val().dims(), seed).require_grad())
+}
+
+#[test]
+fn layer_norm_matches_burn() {
+    for (shape, bias) in [([2, 5, 16], true), ([3, 70, 24], false), ([1, 1, 8], true)] {
+        let mut ln = LayerNormConfig::new(shape[2])
+            .with_bias(bias)
+            .init(&device());
+        ln.gamma = randomise(&ln.gamma, 1);
+        ln.beta = ln.beta.as_ref().map(|b| randomise(b, 2));
+        let x = random(shape, 3);
+        let params = |ln: &burn::nn::LayerNorm| ln.gamma.val();
+        let case = |pass| run([x.clone()], |[x]| layer_norm(&ln, x, pass));
+        assert_close(
+            &format!("layer norm {shape:?} bias {bias}"),
+            case(FUSED),
+            case(COMPOSITE),
+            1e-4,
+        );
+        // Parameter gradients: through a model-free loss on both paths.
+        let grad_of = |pass| {
+            let out = layer_norm(&ln, x.clone(), pass);
+            let g = (out * random(shape, 7)).sum().backward();
+            let mut v = values(&params(&ln).grad(&g).unwrap());
+            if let Some(b) = &ln.beta {
+                v.extend(values(&b.val().grad(&g).unwrap()));
+            }
+            v
+        };
+        let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
+        assert!(
+            d < 1e-4,
+            "layer norm {shape:?}: parameter gradients differ by {d}"
+        );
+    }
+}
+
+#[test]
+fn linear_and_its_residual_form_match_burn() {
+    for (shape, d_out, bias) in [([2, 5, 16], 48, true), ([3, 9, 24], 24, false)] {
+        let mut l = LinearConfig::new(shape[2], d_out)
+            .with_bias(bias)
+            .init(&device());
+        l.weight = randomise(&l.weight, 1);
+        l.bias = l.bias.as_ref().map(|b| randomise(b, 2));
+        let drop = DropoutConfig::new(0.0).init();
+        let x = random(shape, 3);
+        let r = random([shape[0], shape[1], d_out], 4);
+        let plain = |pass| run([x.clone()], |[x]| linear(&l, x, pass));
+        assert_close(
+            &format!("linear {shape:?}"),
+            plain(FUSED),
+            plain(COMPOSITE),
+            1e-4,
+        );
+        let residual = |pass| {
+            run([x.clone(), r.clone()], |[x, r]| {
+                project_residual(&l, &drop, x, r, pass, (0, Site::MlpOutput))
+            })
+        };
+        assert_close(
+            &format!("residual linear {shape:?}"),
+            residual(FUSED),
+            residual(COMPOSITE),
+            1e-4,
+        );
+        let grad_of = |pass| {
+            let out = linear(&l, x.clone(), pass);
+            let g = (out * random([shape[0], shape[1], d_out], 7))
+                .sum()
+                .backward();
+            let mut v = values(&l.weight.val().grad(&g).unwrap());
+            if let Some(b) = &l.bias {
+                v.extend(values(&b.val().grad(&g).unwrap()));
+            }
+            v
+        };
+        let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
+        assert!(
+            d < 1e-3,
+            "linear {shape:?}: parameter gradients differ by {d}"
+        );
+    }
+}
+
+#[test]
+fn gelu_matches_burn() {
+    let x = random([2, 7, 40], 5) * 3.0;
+    let case = |pass| run([x.clone()], |[x]| gelu(x, pass));
+    assert_close("gelu", case(FUSED), case(COMPOSITE), 1e-5);
+}
+
+/// The composite attention of `qkv` `[B, T, 3C]` with the weights multiplied by `mask`'s
+/// factors (all 1 without a mask): the definition the fused kernel must follow.
+fn composite_attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
+    let [b, t, c3] = qkv.dims();
+    let (c, device) = (c3 / 3, qkv.device());
+    let hs = c / n_head;
+    let heads = |i: usize| {
+        qkv.clone()
+            .narrow(2, i * c, c)
+            .reshape([b, t, n_head, hs])
+            .swap_dims(1, 2)
+    };
+    let scores = heads(0).matmul(heads(1).swap_dims(2, 3)) / (hs as f64).sqrt();
+    let future = Tensor::<2, Bool>::tril_mask([t, t], 0, &device).reshape([1, 1, t, t]);
+    let mut w = burn::tensor::activation::softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
+    if let Some(m) = mask {
+        let factors: Vec<f32> = (0..(b * n_head * t * t) as u64)
+            .map(|i| m.factor(i))
+            .collect();
+        w = w * Tensor::<4>::from_data(TensorData::new(factors, [b, n_head, t, t]), &device);
+    }
+    w.matmul(heads(2)).swap_dims(1, 2).reshape([b, t, c])
+}
+
+#[test]
+fn attention_matches_its_composite_version_with_and_without_dropout() {
+    // A sequence shorter than a row block, one of exactly one block, and one of several.
+    for (b, t, h, c) in [(2, 5, 2, 8), (1, 64, 4, 32), (2, 150, 3, 24)] {
+        let qkv = random([b, t, 3 * c], 11);
+        for mask in [None, Some(Mask { p: 0.3, seed: 42 })] {
+            let fused = run([qkv.clone()], |[q]| fused::attention(q, h, mask));
+            let composite = run([qkv.clone()], |[q]| composite_attention(q, h, mask));
+            assert_close(
+                &format!("attention {b}x{t}x{c}, {h} heads, {mask:?}"),
+                fused,
+                composite,
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn dropout_applies_its_mask_forward_and_backward() {
+    let x = random([3, 10, 16], 2);
+    let mask = Mask { p: 0.25, seed: 7 };
+    let fused = run([x.clone()], |[x]| fused::dropout(x, mask));
+    let factors: Vec<f32> = (0..480u64).map(|i| mask.factor(i)).collect();
+    let m = Tensor::<3>::from_data(TensorData::new(factors.clone(), [3, 10, 16]), &device());
+    let composite = run([x.clone()], |[x]| x * m.clone());
+    assert_close("dropout", fused, composite, 1e-6);
+    let dropped = factors.iter().filter(|&&f| f == 0.0).count();
+    assert!(
+        (80..160).contains(&dropped),
+        "{dropped} of 480 dropped at p = 0.25"
+    );
+}
+
+#[test]
+fn embedding_and_head_loss_match_burn() {
+    let dev = device();
+    let (v, block, c) = (13, 12, 16);
+    let mut wte = EmbeddingConfig::new(v, c).init(&dev);
+    let mut wpe = EmbeddingConfig::new(block, c).init(&dev);
+    wte.weight = randomise(&wte.weight, 1);
+    wpe.weight = randomise(&wpe.weight, 2);
+    let mut ln = LayerNormConfig::new(c).init(&dev);
+    ln.gamma = randomise(&ln.gamma, 3);
+    let drop = DropoutConfig::new(0.0).init();
+    let ids: Vec<i64> = (0..2 * 9).map(|i| (i * 7 % v) as i64).collect();
+    let idx = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, 9]), &dev);
+    let targets: Vec<i64> = ids.iter().map(|i| (i + 3) % v as i64).collect();
+    let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [2, 9]), &dev);
+    let case = |pass| {
+        let x = embed(&wte, &wpe, &drop, idx.clone(), 0, pass);
+        let loss = head_loss(&ln, &wte, x, targets.clone(), pass);
+        let g = loss.clone().backward();
+        let mut v = values(&loss);
+        for p in [&wte.weight, &wpe.weight] {
+            v.extend(values(&p.val().grad(&g).unwrap()));
+        }
+        v.extend(values(&ln.gamma.val().grad(&g).unwrap()));
+        v
+    };
+    let d = max_diff(&case(FUSED), &case(COMPOSITE));
+    assert!(
+        d < 1e-5,
+        "embedding and head: loss or gradients differ by {d}"
+    );
+}
