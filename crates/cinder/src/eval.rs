@@ -6,6 +6,12 @@ use cinder_model::Gpt;
 
 use crate::data::batch_tensors;
 
+/// `f` run on one of rayon's threads, where the kernels' parallel loops start without a hand-off
+/// (see [`crate::train::Trainer::step`]).
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 /// The random stream of evaluation batches (training uses stream 0).
 const EVAL_STREAM: u64 = 1;
 
@@ -27,7 +33,7 @@ pub fn mean_loss(
     let mut total: Option<Tensor<1>> = None;
     for (i, batch) in eval_batches(splits, split, batcher, n_batches).enumerate() {
         let (x, y) = batch_tensors(&batch, device);
-        let loss = model.loss(x, y, None);
+        let loss = in_pool(|| model.loss(x, y, None));
         total = Some(match total {
             Some(t) => t + loss,
             None => loss,
@@ -94,7 +100,7 @@ pub fn text_loss(
         }
         let x = crate::data::ids_tensor(&x, [n, block], device);
         let y = crate::data::ids_tensor(&y, [n, block], device);
-        let mean = model.loss(x, y, None).into_scalar::<f32>();
+        let mean = in_pool(|| model.loss(x, y, None).into_scalar::<f32>());
         total += f64::from(mean) * n as f64;
         progress(first + n, windows);
     }

@@ -283,6 +283,13 @@ impl Trainer {
     /// One optimiser step (iteration `self.iter`), over `gradient_accumulation_steps`
     /// micro-batches. Its batches and dropout masks depend only on (seed, iteration).
     pub fn step(&mut self) -> StepReport {
+        // Run on one of rayon's threads: the kernels' parallel loops then start from inside the
+        // pool, where a loop too small to split runs in place; from any other thread, every
+        // loop is a hand-off to the pool and back (measured in BENCHMARKS.md).
+        eval::in_pool(|| self.step_in_pool())
+    }
+
+    fn step_in_pool(&mut self) -> StepReport {
         let start = Instant::now();
         let c = &self.config;
         let it = self.iter;

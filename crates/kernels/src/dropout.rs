@@ -32,38 +32,70 @@ pub struct Mask {
     pub seed: u64,
 }
 
+/// MurmurHash3's 32-bit finaliser: a bijection of u32 that mixes every bit into every bit, in
+/// operations that vectorise (32-bit multiplies).
+#[inline(always)]
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
+}
+
 impl Mask {
-    /// The factor element `i` is multiplied by: 0 if dropped, `1 / (1 - p)` if kept.
+    /// The factor element `i` is multiplied by: 0 if dropped, `1 / (1 - p)` if kept. Elements
+    /// are numbered within a site (at most 2^32 of them).
     #[inline(always)]
     pub fn factor(&self, i: u64) -> f32 {
-        // 24 random bits against the threshold: a uniform draw in [0, 1) with f32's precision.
-        let u = (mix(self.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 40) as f32
-            * (1.0 / (1u64 << 24) as f32);
-        if u < self.p {
+        let h = fmix32(fmix32(i as u32 ^ self.seed as u32).wrapping_add((self.seed >> 32) as u32));
+        // A uniform draw in [0, 2^32) against p * 2^32.
+        if h < self.threshold() {
             0.0
         } else {
             1.0 / (1.0 - self.p)
         }
     }
+
+    #[inline(always)]
+    fn threshold(&self) -> u32 {
+        (f64::from(self.p) * 4_294_967_296.0).min(u32::MAX as f64) as u32
+    }
 }
 
 multiversion! {
-    /// `out[k] = x[k] * factor(first + k)` for one chunk.
-    fn apply_chunk(x: &[f32], out: &mut [f32], mask: Mask, first: u64) {
-        for (k, (o, v)) in out.iter_mut().zip(x).enumerate() {
-            *o = v * mask.factor(first + k as u64);
+    /// `out[k] = x[k] * factor(first + k)` for one chunk, plus `residual[k]` if given.
+    fn apply_chunk(x: &[f32], residual: Option<&[f32]>, out: &mut [f32], mask: Mask, first: u64) {
+        match residual {
+            Some(r) => {
+                for (k, ((o, v), r)) in out.iter_mut().zip(x).zip(r).enumerate() {
+                    *o = r + v * mask.factor(first + k as u64);
+                }
+            }
+            None => {
+                for (k, (o, v)) in out.iter_mut().zip(x).enumerate() {
+                    *o = v * mask.factor(first + k as u64);
+                }
+            }
         }
     }
 }
 
-/// `out = x ⊙ mask`; also the backward pass (`dx = dy ⊙ mask`), since the mask is linear.
+/// `out = residual + x ⊙ mask` (no residual: `x ⊙ mask`). Without a residual it is also the
+/// backward pass, `dx = dy ⊙ mask`, since the mask is linear.
 ///
 /// # Shapes
-/// - x, out: any, the same length
-pub fn apply(x: &[f32], mask: Mask, out: &mut [f32]) {
+/// - x, residual, out: any, the same length
+pub fn apply(x: &[f32], residual: Option<&[f32]>, mask: Mask, out: &mut [f32]) {
     assert_eq!(x.len(), out.len());
+    if let Some(r) = residual {
+        assert_eq!(r.len(), out.len());
+    }
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .enumerate()
-        .for_each(|(i, (o, x))| apply_chunk(x, o, mask, (i * CHUNK) as u64));
+        .for_each(|(i, (o, x))| {
+            let r = residual.map(|r| &r[i * CHUNK..i * CHUNK + o.len()]);
+            apply_chunk(x, r, o, mask, (i * CHUNK) as u64)
+        });
 }

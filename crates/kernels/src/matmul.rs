@@ -88,9 +88,21 @@ impl<'a> Mat<'a> {
 /// than it saves (gemm's own threshold in Burn's flex backend is the same order).
 const PARALLEL_WORK: usize = 96 * 96 * 96;
 
-/// Rows (of the output, or of the inner dimension) per share of a large product: big enough
-/// for gemm's single-threaded kernels to run near their peak.
-const SHARE: usize = 384;
+/// Rows (of the output, or of the inner dimension) per share of a large product, about: big
+/// enough for gemm's single-threaded kernels to run near their peak, and for each share's
+/// packing of the other operand to be paid over many rows.
+const SHARE: usize = 512;
+
+/// Shares of a dimension of `len`: a power of two (so that they spread evenly over 2, 4, 8...
+/// threads), about `len / SHARE`, and at most 16.
+fn shares(len: usize) -> usize {
+    let ideal = len.div_ceil(SHARE);
+    if ideal < 2 {
+        1
+    } else {
+        (1usize << ideal.ilog2()).clamp(2, 16)
+    }
+}
 
 /// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
 ///
@@ -107,7 +119,7 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         m * n,
         "output does not match the product's shape"
     );
-    let (row_shares, inner_shares) = (m.div_ceil(SHARE), k.div_ceil(SHARE));
+    let (row_shares, inner_shares) = (shares(m), shares(k));
     if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2) {
         strided_matmul(out.as_mut_ptr(), (n as isize, 1), a, b, accumulate);
     } else if row_shares >= 2 {

@@ -30,7 +30,7 @@ impl Mlp {
         pass: Pass,
         layer: usize,
     ) -> Tensor<3> {
-        let h = ops::gelu(ops::linear(&self.c_fc, x, pass), pass); // (B, T, 4C)
+        let h = ops::linear_gelu(&self.c_fc, x, pass); // (B, T, 4C)
         let at = (layer, Site::MlpOutput);
         ops::project_residual(&self.c_proj, &self.dropout, h, residual, pass, at) // (B, T, C)
     }

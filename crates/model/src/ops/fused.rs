@@ -21,6 +21,7 @@ use burn::tensor::{Shape, TensorData};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::{self, Mask};
 use cinder_kernels::{embedding, gelu, layernorm, linear, loss};
+use rayon::prelude::*;
 
 /// The layers that have a fused version, for training (and inference) on Flex.
 #[backend_extension(Flex, Autodiff)]
@@ -46,13 +47,19 @@ pub trait Layers: burn::backend::Backend {
         bias: FloatTensor<Self>,
         residual: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
-    /// The exact (erf) GELU.
-    fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The exact (erf) GELU of `x + bias` (`bias`, added to each row: empty when absent).
+    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
     /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
     /// the weights when `p > 0`.
     fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
-    /// `x ⊙ mask`, the mask drawn from `seed` (see `cinder_kernels::dropout`).
-    fn dropout(x: FloatTensor<Self>, p: f32, seed: u64) -> FloatTensor<Self>;
+    /// `residual + x ⊙ mask` (`residual` empty: `x ⊙ mask`), the mask drawn from `seed` (see
+    /// `cinder_kernels::dropout`).
+    fn dropout(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        p: f32,
+        seed: u64,
+    ) -> FloatTensor<Self>;
     /// Mean cross-entropy of `targets` under the tied head's logits `x wteᵀ`: `[1]`.
     fn head_loss(
         x: FloatTensor<Self>,
@@ -128,8 +135,12 @@ fn or_empty<const D: usize>(
         .into_dispatch()
 }
 
-pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    Tensor::from_dispatch(<Dispatch as Layers>::gelu(x.into_dispatch()))
+pub fn gelu<const D: usize>(x: Tensor<D>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::gelu(
+        x.into_dispatch(),
+        or_empty(bias, &device),
+    ))
 }
 
 pub fn attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
@@ -142,9 +153,11 @@ pub fn attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3>
     ))
 }
 
-pub fn dropout<const D: usize>(x: Tensor<D>, mask: Mask) -> Tensor<D> {
+pub fn dropout<const D: usize>(x: Tensor<D>, residual: Option<Tensor<D>>, mask: Mask) -> Tensor<D> {
+    let device = x.device();
     Tensor::from_dispatch(<Dispatch as Layers>::dropout(
         x.into_dispatch(),
+        or_empty(residual, &device),
         mask.p,
         mask.seed,
     ))
@@ -218,9 +231,30 @@ fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
     s
 }
 
+/// A buffer of `n` zeros, written by all of rayon's threads: a kernel's output, which the kernel
+/// then writes in parallel. (Zeroing tens of megabytes on the calling thread alone left the
+/// other threads idle; measured in BENCHMARKS.md.)
 fn zeros(n: usize) -> Vec<f32> {
-    vec![0.0; n]
+    let mut v = Vec::with_capacity(n);
+    v.spare_capacity_mut()
+        .par_chunks_mut(ELEMENTS_PER_TASK)
+        .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the first n elements were all written just above.
+    unsafe { v.set_len(n) };
+    v
 }
+
+/// `x` copied into a new buffer, by all of rayon's threads.
+fn copied(x: &[f32]) -> Vec<f32> {
+    let mut v = zeros(x.len());
+    v.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(x.par_chunks(ELEMENTS_PER_TASK))
+        .for_each(|(v, x)| v.copy_from_slice(x));
+    v
+}
+
+/// Elements per rayon task when filling or copying a buffer.
+const ELEMENTS_PER_TASK: usize = 64 * 1024;
 
 // ---------------------------------------------------------------------------------------------
 // The kernels as forward and backward over FlexTensors, shared by the two implementations.
@@ -229,7 +263,7 @@ fn zeros(n: usize) -> Vec<f32> {
 /// pass. Inputs absent in a call (a bias, a residual) are given as empty tensors.
 trait Kernel<const N: usize>: std::fmt::Debug + Send + Sized + 'static {
     type Saved: Clone + std::fmt::Debug + Send + 'static;
-    fn forward(&self, inputs: &[FlexTensor; N]) -> (FlexTensor, Self::Saved);
+    fn forward(&self, inputs: [FlexTensor; N]) -> (FlexTensor, Self::Saved);
     /// Each input's gradient, for those `wanted`.
     fn backward(
         self,
@@ -270,7 +304,7 @@ fn tracked<K: Kernel<N>, C: CheckpointStrategy, const N: usize>(
         inputs.into_iter().map(|t| t.into_parts()).unzip();
     let prims: [FlexTensor; N] = prims.try_into().expect("N inputs");
     let guards: [NodeGuard; N] = guards.try_into().expect("N inputs");
-    let (out, saved) = kernel.forward(&prims);
+    let (out, saved) = kernel.forward(prims);
     match Step(kernel).prepare::<C>(guards).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(saved, out),
         OpsKind::UnTracked(prep) => prep.finish(out),
@@ -292,7 +326,8 @@ struct Embed {
 impl Kernel<2> for Embed {
     type Saved = (Vec<usize>, Vec<usize>); // the shapes of wte and wpe
 
-    fn forward(&self, [wte, wpe]: &[FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+    fn forward(&self, [wte, wpe]: [FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        let [wte, wpe] = [&wte, &wpe];
         let (wte_dims, wpe_dims) = (dims(wte), dims(wpe));
         let c = wte_dims[1];
         let mut out = zeros(self.ids.len() * c);
@@ -332,7 +367,8 @@ impl Kernel<3> for LayerNorm {
     /// x, gamma, beta present, mean, rstd
     type Saved = (FlexTensor, FlexTensor, bool, Vec<f32>, Vec<f32>);
 
-    fn forward(&self, [x, gamma, beta]: &[FlexTensor; 3]) -> (FlexTensor, Self::Saved) {
+    fn forward(&self, [x, gamma, beta]: [FlexTensor; 3]) -> (FlexTensor, Self::Saved) {
+        let [x, gamma, beta] = [&x, &gamma, &beta];
         let shape = dims(x);
         let xs = floats(x);
         let c = *shape.last().expect("rank >= 1");
@@ -384,7 +420,8 @@ impl Kernel<4> for Linear {
     /// x, weight, bias present, residual present
     type Saved = (FlexTensor, FlexTensor, bool, bool);
 
-    fn forward(&self, [x, w, b, r]: &[FlexTensor; 4]) -> (FlexTensor, Self::Saved) {
+    fn forward(&self, [x, w, b, r]: [FlexTensor; 4]) -> (FlexTensor, Self::Saved) {
+        let [x, w, b, r] = [&x, &w, &b, &r];
         let shape = dims(x);
         let d_out = dims(w)[1];
         let (xs, ws, bs) = (floats(x), floats(w), floats(b));
@@ -432,27 +469,46 @@ impl Kernel<4> for Linear {
 #[derive(Debug)]
 struct Gelu;
 
-impl Kernel<1> for Gelu {
+impl Kernel<2> for Gelu {
     /// GELU's derivative at the input.
     type Saved = FlexTensor;
 
-    fn forward(&self, [x]: &[FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
-        let shape = dims(x);
-        let mut derivative = floats(x).into_owned();
-        let mut out = zeros(derivative.len());
-        gelu::forward_keep_derivative(&mut derivative, None, &mut out);
-        (tensor(out, shape.clone()), tensor(derivative, shape))
+    fn forward(&self, [x, bias]: [FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        // The derivative replaces the input in its own buffer when nothing else holds it (the
+        // linear layer's fresh output), else in a copy.
+        let shape = dims(&x);
+        let mut derivative = if x.as_slice::<f32>().is_some() {
+            x
+        } else {
+            x.to_contiguous()
+        };
+        let b = floats(&bias);
+        let values = derivative.storage_mut::<f32>();
+        let mut out = zeros(values.len());
+        gelu::forward_keep_derivative(values, present(&bias).then_some(&b[..]), &mut out);
+        (tensor(out, shape), derivative)
     }
 
     fn backward(
         self,
         derivative: FlexTensor,
         grad: FlexTensor,
-        _: [bool; 1],
-    ) -> [Option<FlexTensor>; 1] {
-        let mut d = floats(&grad).into_owned();
+        [_, want_bias]: [bool; 2],
+    ) -> [Option<FlexTensor>; 2] {
+        let shape = dims(&grad);
+        let mut d = copied(&floats(&grad));
         gelu::backward_from_derivative(&floats(&derivative), &mut d);
-        [Some(tensor(d, dims(&grad)))]
+        let db = want_bias.then(|| {
+            let width = *shape.last().expect("rank >= 1");
+            let mut db = zeros(width);
+            cinder_kernels::rows::sum(&d, width, &mut db, |_, block, acc| {
+                for row in block.chunks_exact(acc.len()) {
+                    cinder_kernels::simd::add_assign(acc, row);
+                }
+            });
+            tensor(db, [width])
+        });
+        [Some(tensor(d, shape)), db]
     }
 }
 
@@ -478,7 +534,8 @@ impl Kernel<1> for Attention {
     /// qkv, the weights before dropout
     type Saved = (FlexTensor, Vec<f32>);
 
-    fn forward(&self, [qkv]: &[FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+    fn forward(&self, [qkv]: [FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+        let [qkv] = [&qkv];
         let s = self.shape(&dims(qkv));
         let mut att = zeros(s.batch * s.n_head * s.seq * s.seq);
         let mut y = zeros(s.batch * s.seq * s.n_embd);
@@ -504,18 +561,30 @@ impl Kernel<1> for Attention {
 #[derive(Debug)]
 struct Dropout(Mask);
 
-impl Kernel<1> for Dropout {
-    type Saved = ();
+impl Kernel<2> for Dropout {
+    /// whether a residual was added
+    type Saved = bool;
 
-    fn forward(&self, [x]: &[FlexTensor; 1]) -> (FlexTensor, ()) {
-        let xs = floats(x);
+    fn forward(&self, [x, residual]: [FlexTensor; 2]) -> (FlexTensor, bool) {
+        let xs = floats(&x);
+        let r = floats(&residual);
+        let has_residual = present(&residual);
         let mut out = zeros(xs.len());
-        dropout::apply(&xs, self.0, &mut out);
-        (tensor(out, dims(x)), ())
+        dropout::apply(&xs, has_residual.then_some(&r[..]), self.0, &mut out);
+        (tensor(out, dims(&x)), has_residual)
     }
 
-    fn backward(self, _: (), grad: FlexTensor, _: [bool; 1]) -> [Option<FlexTensor>; 1] {
-        [Some(self.forward(&[grad]).0)]
+    fn backward(
+        self,
+        has_residual: bool,
+        grad: FlexTensor,
+        _: [bool; 2],
+    ) -> [Option<FlexTensor>; 2] {
+        let g = floats(&grad);
+        let mut dx = zeros(g.len());
+        dropout::apply(&g, None, self.0, &mut dx);
+        let dx = tensor(dx, dims(&grad));
+        [Some(dx), has_residual.then_some(grad)]
     }
 }
 
@@ -528,7 +597,8 @@ impl Kernel<2> for HeadLoss {
     /// x, wte, the probabilities
     type Saved = (FlexTensor, FlexTensor, Vec<f32>);
 
-    fn forward(&self, [x, wte]: &[FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+    fn forward(&self, [x, wte]: [FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        let [x, wte] = [&x, &wte];
         let v = dims(wte)[0];
         let mut probs = zeros(self.targets.len() * v);
         let mean = loss::forward(&floats(x), &floats(wte), &self.targets, &mut probs);
@@ -575,32 +645,30 @@ fn embed_kernel(ids_t: &FlexTensor, start: usize) -> Embed {
 
 impl Layers for Flex {
     fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, start: usize) -> FlexTensor {
-        embed_kernel(&ids, start).forward(&[wte, wpe]).0
+        embed_kernel(&ids, start).forward([wte, wpe]).0
     }
     fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
-        LayerNorm { eps }.forward(&[x, g, b]).0
+        LayerNorm { eps }.forward([x, g, b]).0
     }
     fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
-        Linear.forward(&[x, w, b, r]).0
+        Linear.forward([x, w, b, r]).0
     }
-    fn gelu(x: FlexTensor) -> FlexTensor {
-        Gelu.forward(&[x]).0
+    fn gelu(x: FlexTensor, bias: FlexTensor) -> FlexTensor {
+        Gelu.forward([x, bias]).0
     }
     fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
         let mask = mask(p, seed);
-        Attention { n_head, mask }.forward(&[qkv]).0
+        Attention { n_head, mask }.forward([qkv]).0
     }
-    fn dropout(x: FlexTensor, p: f32, seed: u64) -> FlexTensor {
-        match mask(p, seed) {
-            Some(m) => Dropout(m).forward(&[x]).0,
-            None => x,
-        }
+    fn dropout(x: FlexTensor, r: FlexTensor, p: f32, seed: u64) -> FlexTensor {
+        let m = mask(p, seed).expect("dropout with p > 0");
+        Dropout(m).forward([x, r]).0
     }
     fn head_loss(x: FlexTensor, wte: FlexTensor, targets: FlexTensor) -> FlexTensor {
         HeadLoss {
             targets: ids(&targets),
         }
-        .forward(&[x, wte])
+        .forward([x, wte])
         .0
     }
 }
@@ -615,18 +683,16 @@ impl<C: CheckpointStrategy> Layers for Ad<C> {
     fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
         tracked::<_, C, 4>(Linear, [x, w, b, r])
     }
-    fn gelu(x: AdTensor<C>) -> AdTensor<C> {
-        tracked::<_, C, _>(Gelu, [x])
+    fn gelu(x: AdTensor<C>, bias: AdTensor<C>) -> AdTensor<C> {
+        tracked::<_, C, _>(Gelu, [x, bias])
     }
     fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
         let mask = mask(p, seed);
         tracked::<_, C, _>(Attention { n_head, mask }, [qkv])
     }
-    fn dropout(x: AdTensor<C>, p: f32, seed: u64) -> AdTensor<C> {
-        match mask(p, seed) {
-            Some(m) => tracked::<_, C, _>(Dropout(m), [x]),
-            None => x,
-        }
+    fn dropout(x: AdTensor<C>, r: AdTensor<C>, p: f32, seed: u64) -> AdTensor<C> {
+        let m = mask(p, seed).expect("dropout with p > 0");
+        tracked::<_, C, _>(Dropout(m), [x, r])
     }
     fn head_loss(x: AdTensor<C>, wte: AdTensor<C>, targets: FlexTensor) -> AdTensor<C> {
         tracked::<_, C, _>(

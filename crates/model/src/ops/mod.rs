@@ -124,10 +124,10 @@ mod unavailable {
     ) -> Tensor<D> {
         unreachable!("{NONE}")
     }
-    pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    pub fn gelu<const D: usize>(x: Tensor<D>, b: Option<Tensor<1>>) -> Tensor<D> {
         unreachable!("{NONE}")
     }
-    pub fn dropout<const D: usize>(x: Tensor<D>, m: Mask) -> Tensor<D> {
+    pub fn dropout<const D: usize>(x: Tensor<D>, r: Option<Tensor<D>>, m: Mask) -> Tensor<D> {
         unreachable!("{NONE}")
     }
     pub fn head_loss(x: Tensor<3>, w: Tensor<2>, t: Tensor<2, Int>) -> Tensor<1> {
@@ -150,7 +150,7 @@ pub(crate) fn embed(
     if pass.fused {
         let x = fused::embed(idx, wte.weight.val(), wpe.weight.val(), start);
         return match pass.mask(drop, 0, Site::Embedding) {
-            Some(mask) => fused::dropout(x, mask),
+            Some(mask) => fused::dropout(x, None, mask),
             None => x,
         };
     }
@@ -194,17 +194,22 @@ pub(crate) fn project_residual<const D: usize>(
     }
     let bias = l.bias.as_ref().map(|b| b.val());
     match pass.mask(drop, layer, site) {
-        Some(mask) => residual + fused::dropout(fused::linear(x, l.weight.val(), bias, None), mask),
+        Some(mask) => {
+            let y = fused::linear(x, l.weight.val(), bias, None);
+            fused::dropout(y, Some(residual), mask)
+        }
         None => fused::linear(x, l.weight.val(), bias, Some(residual)),
     }
 }
 
-/// The exact (erf) GELU.
-pub(crate) fn gelu<const D: usize>(x: Tensor<D>, pass: Pass) -> Tensor<D> {
+/// `gelu(x W + b)`, with the exact (erf) GELU. The fused version adds the bias in the GELU's
+/// pass.
+pub(crate) fn linear_gelu<const D: usize>(l: &Linear, x: Tensor<D>, pass: Pass) -> Tensor<D> {
     if pass.fused {
-        fused::gelu(x)
+        let h = fused::linear(x, l.weight.val(), None, None);
+        fused::gelu(h, l.bias.as_ref().map(|b| b.val()))
     } else {
-        composite_gelu(x)
+        composite_gelu(l.forward(x))
     }
 }
 

@@ -165,10 +165,34 @@ fn linear_and_its_residual_form_match_burn() {
 }
 
 #[test]
-fn gelu_matches_burn() {
-    let x = random([2, 7, 40], 5) * 3.0;
-    let case = |pass| run([x.clone()], |[x]| gelu(x, pass));
-    assert_close("gelu", case(FUSED), case(COMPOSITE), 1e-5);
+fn linear_gelu_matches_burn() {
+    for bias in [true, false] {
+        let mut l = LinearConfig::new(16, 40).with_bias(bias).init(&device());
+        l.weight = randomise(&l.weight, 1);
+        l.bias = l.bias.as_ref().map(|b| randomise(b, 2));
+        let x = random([2, 7, 16], 5) * 3.0;
+        let case = |pass| run([x.clone()], |[x]| linear_gelu(&l, x, pass));
+        assert_close(
+            &format!("gelu, bias {bias}"),
+            case(FUSED),
+            case(COMPOSITE),
+            1e-4,
+        );
+        let grad_of = |pass| {
+            let out = linear_gelu(&l, x.clone(), pass);
+            let g = (out * random([2, 7, 40], 7)).sum().backward();
+            let mut v = values(&l.weight.val().grad(&g).unwrap());
+            if let Some(b) = &l.bias {
+                v.extend(values(&b.val().grad(&g).unwrap()));
+            }
+            v
+        };
+        let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
+        assert!(
+            d < 1e-3,
+            "gelu, bias {bias}: parameter gradients differ by {d}"
+        );
+    }
 }
 
 /// The composite attention of `qkv` `[B, T, 3C]` with the weights multiplied by `mask`'s
@@ -217,11 +241,18 @@ fn attention_matches_its_composite_version_with_and_without_dropout() {
 fn dropout_applies_its_mask_forward_and_backward() {
     let x = random([3, 10, 16], 2);
     let mask = Mask { p: 0.25, seed: 7 };
-    let fused = run([x.clone()], |[x]| fused::dropout(x, mask));
+    let fused = run([x.clone()], |[x]| fused::dropout(x, None, mask));
     let factors: Vec<f32> = (0..480u64).map(|i| mask.factor(i)).collect();
     let m = Tensor::<3>::from_data(TensorData::new(factors.clone(), [3, 10, 16]), &device());
     let composite = run([x.clone()], |[x]| x * m.clone());
     assert_close("dropout", fused, composite, 1e-6);
+    // With a residual: residual + x ⊙ mask, and the residual's gradient passes through.
+    let r = random([3, 10, 16], 4);
+    let fused = run([x.clone(), r.clone()], |[x, r]| {
+        fused::dropout(x, Some(r), mask)
+    });
+    let composite = run([x.clone(), r], |[x, r]| r + x * m.clone());
+    assert_close("dropout with a residual", fused, composite, 1e-6);
     let dropped = factors.iter().filter(|&&f| f == 0.0).count();
     assert!(
         (80..160).contains(&dropped),
