@@ -3,7 +3,7 @@
 # ROUNDS times each, and the medians are printed. For A/B measurements of a change:
 #   git worktree add ../base <commit> && (cd ../base && CARGO_TARGET_DIR=../target-base cargo build --release)
 #   scripts/ab_bench.sh ../target-base/release WHAT [ROUNDS]
-# WHAT: tiny | gpt6 | dropout | sample | evaluate. Needs: cargo build --release.
+# WHAT: tiny | gpt6 | dropout | sample | sample6 | evaluate. Needs: cargo build --release.
 # The other build's flags are the same except the layer switch (--engine there, --ops here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,15 +14,17 @@ case $what in
   gpt6) args=("${gpt6[@]}" train --steps 5 --warmup-steps 1) ;;
   dropout) args=(--config configs/shakespeare_char.toml --batch-size 12 train --steps 3 --warmup-steps 1) ;;
   sample) args=(sample --tokens 500) ;;
+  sample6) args=("${gpt6[@]:0:8}" sample --tokens 500) ;;
   evaluate) args=() ;;
-  *) echo "usage: $0 BASE_BIN_DIR tiny|gpt6|dropout|sample|evaluate [ROUNDS]" >&2; exit 2 ;;
+  *) echo "usage: $0 BASE_BIN_DIR tiny|gpt6|dropout|sample|sample6|evaluate [ROUNDS]" >&2; exit 2 ;;
 esac
 echo "# $(date -u +%FT%TZ) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $what"
 log=$(mktemp)
 if [ "$what" = evaluate ]; then
-  # The whole validation split of a trained tiny model (trained once, by this checkout).
-  ckpt=${CKPT:-/tmp/cinder-ab-ckpt}
-  [ -d "$ckpt/latest" ] || ./target/release/train --out "$ckpt" --max-iters 200 -q
+  # The whole validation split of a tiny model trained once by the other build (whose checkpoint
+  # format this checkout also reads).
+  ckpt=${CKPT:-/tmp/cinder-ab-ckpt-$(basename "$(dirname "$base")")}
+  [ -d "$ckpt/latest" ] || "$base/train" --out "$ckpt" --max-iters 200 -q
 fi
 for i in $(seq "$rounds"); do
   for impl in new base; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sampling speed (characters per second) of cinder on its kernels and on Burn, each with and
-# without its key/value cache, next to
+# Sampling speed (characters per second) of cinder with its fused and its composite layers, each
+# with and without its key/value cache, next to
 # the PyTorch reference's sampling mode (which has no cache), on randomly initialised models.
 #   scripts/compare_sample.sh tiny|gpt6 TOKENS [path/to/torch_reference.py]
 set -euo pipefail
@@ -15,8 +15,8 @@ case $which in
   *) echo "usage: $0 tiny|gpt6 TOKENS" >&2; exit 2 ;;
 esac
 echo "# $(date -u +%FT%TZ) $(lscpu | sed -n 's/^Model name: *//p'), $threads cores, config $which, $tokens characters"
-for engine in kernels burn; do
-  ./target/release/bench --engine $engine "${flags[@]}" sample --tokens "$tokens"
-  ./target/release/bench --engine $engine "${flags[@]}" sample --tokens "$tokens" --no-cache
+for ops in fused composite; do
+  ./target/release/bench --ops $ops "${flags[@]}" sample --tokens "$tokens"
+  ./target/release/bench --ops $ops "${flags[@]}" sample --tokens "$tokens" --no-cache
 done
 python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" "${flags[@]}" sample --tokens "$tokens"

@@ -301,6 +301,26 @@ pub fn forward_cached(
         keys[at..at + c].copy_from_slice(&row[c..2 * c]);
         values[at..at + c].copy_from_slice(&row[2 * c..]);
     }
+    if s.start == 0 && n > 1 {
+        // A window from an empty cache: the training pass's causal attention (matrix products).
+        let shape = Shape {
+            batch: s.samples,
+            seq: n,
+            n_head: s.n_head,
+            n_embd: c,
+        };
+        let mut att = vec![0.0f32; s.samples * s.n_head * n * n];
+        if last_only {
+            let mut all = vec![0.0f32; s.samples * n * c];
+            forward(qkv, shape, None, &mut att, &mut all);
+            for (dst, src) in y.chunks_exact_mut(c).zip(all.chunks_exact(n * c)) {
+                dst.copy_from_slice(&src[(n - 1) * c..]);
+            }
+        } else {
+            forward(qkv, shape, None, &mut att, y);
+        }
+        return;
+    }
     let hs = c / s.n_head;
     let scale = 1.0 / (hs as f32).sqrt();
     let (keys, values) = (&*keys, &*values);
@@ -310,19 +330,37 @@ pub fn forward_cached(
         let row = slot / s.n_head; // (text, output row)
         let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
         let q = &qkv[(sample * n + i) * 3 * c + h * hs..][..hs];
-        let at = |t: usize| (sample * s.block + t) * c + h * hs;
+        let first = sample * s.block * c + h * hs; // position 0 of this text and head
         let seen = s.start + i + 1;
-        let mut w: Vec<f32> = (0..seen)
-            .map(|t| dot(q, &keys[at(t)..at(t) + hs]) * scale)
-            .collect();
+        attend_row(q, &keys[first..], &values[first..], c, seen, scale, out);
+    });
+}
+
+multiversion! {
+    /// One query `q` against the first `seen` cached positions, whose keys and values for this
+    /// head start `keys`, `values` and are `stride` apart: `out` written.
+    fn attend_row(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        stride: usize,
+        seen: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hs = q.len();
+        let mut w = vec![0.0f32; seen];
+        for (t, wt) in w.iter_mut().enumerate() {
+            *wt = dot(q, &keys[t * stride..t * stride + hs]) * scale;
+        }
         let shift = max(&w);
         let total = exp_shifted_sum(&mut w, shift);
         out.fill(0.0);
         for (t, wt) in w.iter().enumerate() {
             let wt = wt / total;
-            for (o, v) in out.iter_mut().zip(&values[at(t)..at(t) + hs]) {
+            for (o, v) in out.iter_mut().zip(&values[t * stride..t * stride + hs]) {
                 *o += wt * v;
             }
         }
-    });
+    }
 }

@@ -19,6 +19,19 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `out = gelu(x + bias)` for whole rows of `bias.len()`.
+    pub fn forward_bias_chunk(x: &[f32], bias: &[f32], out: &mut [f32]) {
+        let rows = x.chunks_exact(bias.len()).zip(out.chunks_exact_mut(bias.len()));
+        for (xr, or) in rows {
+            for ((o, &v), &b) in or.iter_mut().zip(xr).zip(bias) {
+                let z = v + b;
+                *o = 0.5 * z * (1.0 + erf(z * FRAC_1_SQRT_2));
+            }
+        }
+    }
+}
+
 /// `(gelu(z), gelu'(z))`.
 #[inline(always)]
 fn value_and_derivative(z: f32) -> (f32, f32) {
@@ -72,6 +85,17 @@ pub fn forward(x: &[f32], out: &mut [f32]) {
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(o, x)| forward_chunk(x, o));
+}
+
+/// `out = gelu(x + bias)` for inference (no derivative), with `bias` added to each row of `x`.
+pub fn forward_bias(x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    let Some(bias) = bias else {
+        return forward(x, out);
+    };
+    let task = (CHUNK / bias.len().max(1)).max(1) * bias.len();
+    out.par_chunks_mut(task)
+        .zip(x.par_chunks(task))
+        .for_each(|(o, x)| forward_bias_chunk(x, bias, o));
 }
 
 /// `out = gelu(x + bias)` for training, with `bias` a linear layer's, added to each row of `x`

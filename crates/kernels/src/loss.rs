@@ -19,6 +19,15 @@ multiversion! {
     }
 }
 
+/// Logits of the tied head, `out = x wteᵀ` (the transpose as strides: no copy of `wte`).
+///
+/// # Shapes
+/// - x: `[N, C]`, wte: `[V, C]` -> out: `[N, V]`
+pub fn logits(x: &[f32], wte: &[f32], c: usize, out: &mut [f32]) {
+    let (n, v) = (x.len() / c, wte.len() / c);
+    matmul(out, Mat::new(x, n, c), Mat::new(wte, v, c).t(), false);
+}
+
 /// Logits `x wteᵀ`, turned into probabilities in place in `probs`; returns the mean negative
 /// log-likelihood of `targets`.
 ///

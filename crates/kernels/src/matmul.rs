@@ -108,7 +108,8 @@ fn shares(len: usize) -> usize {
 ///
 /// A large product is cut into shares, each computed on one thread by gemm: blocks of rows of
 /// `out` when it has many rows; otherwise, when the inner dimension is long (a weight's gradient
-/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order. The
+/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order; otherwise
+/// blocks of columns of `out`. The
 /// shares depend only on the shapes, so the result does not depend on the number of threads.
 /// (gemm's own threading was measured slower on the model's products, which are small for it.)
 pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
@@ -119,8 +120,8 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         m * n,
         "output does not match the product's shape"
     );
-    let (row_shares, inner_shares) = (shares(m), shares(k));
-    if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2) {
+    let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
+    if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2 && col_shares < 2) {
         strided_matmul(out.as_mut_ptr(), (n as isize, 1), a, b, accumulate);
     } else if row_shares >= 2 {
         let rows = m.div_ceil(row_shares);
@@ -135,6 +136,14 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
                 b,
                 accumulate,
             );
+        });
+    } else if inner_shares < 2 {
+        let cols = n.div_ceil(col_shares);
+        let ptr = SharedOut(out.as_mut_ptr());
+        (0..col_shares).into_par_iter().for_each(|j| {
+            let c = j * cols..((j + 1) * cols).min(n);
+            // SAFETY: columns c of `out` belong to this share alone.
+            strided_matmul(ptr.at(c.start), (n as isize, 1), a, b.cols(c), accumulate);
         });
     } else {
         let inner = k.div_ceil(inner_shares);

@@ -33,8 +33,16 @@ impl Gpt {
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
         let pass = self.pass(&idx.device(), None);
-        let x = self.trunk(idx, pass);
-        ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass))
+        let run = || {
+            let x = self.trunk(idx, pass);
+            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass)
+        };
+        // On one of rayon's threads, where the kernels' loops start without a hand-off.
+        if pass.fused {
+            rayon::scope(|_| run())
+        } else {
+            run()
+        }
     }
 
     /// Mean cross-entropy of `targets` (the token after each of `idx`): the training objective.
@@ -77,7 +85,7 @@ impl Gpt {
             x = block.mlp.forward(h, x, pass, layer);
         }
         (
-            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass)),
+            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass),
             weights,
         )
     }
@@ -109,6 +117,9 @@ impl Gpt {
                     .expect("a one-thread pool")
             });
             pool.install(|| self.cached_pass(idx, cache, pass))
+        } else if pass.fused {
+            // On one of rayon's threads, where the kernels' loops start without a hand-off.
+            rayon::scope(|_| self.cached_pass(idx, cache, pass))
         } else {
             self.cached_pass(idx, cache, pass)
         }
@@ -150,7 +161,7 @@ impl Gpt {
             x = block.mlp.forward(h, x, pass, layer);
         }
         cache.len += t_new;
-        let logits = ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass)); // (B, 1, V)
+        let logits = ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass); // (B, 1, V)
         logits.reshape([b, self.vocab_size()])
     }
 

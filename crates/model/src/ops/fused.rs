@@ -82,6 +82,8 @@ pub trait Inference: burn::backend::Backend {
         n_head: usize,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// The tied head's logits `x wteᵀ`: `[.., C]` -> `[.., V]`.
+    fn head(x: FloatTensor<Self>, wte: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,6 +170,13 @@ pub fn head_loss(x: Tensor<3>, wte: Tensor<2>, targets: Tensor<2, Int>) -> Tenso
         x.into_dispatch(),
         wte.into_dispatch(),
         targets.into_dispatch(),
+    ))
+}
+
+pub fn head<const D: usize>(x: Tensor<D>, wte: Tensor<2>) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as Inference>::head(
+        x.into_dispatch(),
+        wte.into_dispatch(),
     ))
 }
 
@@ -654,7 +663,11 @@ impl Layers for Flex {
         Linear.forward([x, w, b, r]).0
     }
     fn gelu(x: FlexTensor, bias: FlexTensor) -> FlexTensor {
-        Gelu.forward([x, bias]).0
+        // Inference: the value alone, without the derivative the backward pass would need.
+        let (xs, b) = (floats(&x), floats(&bias));
+        let mut out = zeros(xs.len());
+        gelu::forward_bias(&xs, present(&bias).then_some(&b[..]), &mut out);
+        tensor(out, dims(&x))
     }
     fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
         let mask = mask(p, seed);
@@ -737,5 +750,13 @@ impl Inference for Flex {
             &mut y,
         );
         (tensor(y, [samples, rows, c]), keys, values)
+    }
+
+    fn head(x: FlexTensor, wte: FlexTensor) -> FlexTensor {
+        let (shape, [v, c]) = (dims(&x), [dims(&wte)[0], dims(&wte)[1]]);
+        let xs = floats(&x);
+        let mut out = zeros(xs.len() / c * v);
+        loss::logits(&xs, &floats(&wte), c, &mut out);
+        tensor(out, with_last(&shape, v))
     }
 }

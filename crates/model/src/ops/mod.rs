@@ -133,6 +133,9 @@ mod unavailable {
     pub fn head_loss(x: Tensor<3>, w: Tensor<2>, t: Tensor<2, Int>) -> Tensor<1> {
         unreachable!("{NONE}")
     }
+    pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
+        unreachable!("{NONE}")
+    }
 }
 
 /// Token plus position embeddings for tokens from position `start`, and the embedding dropout.
@@ -229,15 +232,19 @@ pub(crate) fn head_loss(
     if pass.fused {
         fused::head_loss(x, wte.weight.val(), targets)
     } else {
-        cross_entropy(head(wte, x), targets)
+        cross_entropy(head(wte, x, pass), targets)
     }
 }
 
-/// The head tied to the token embedding: logits = x @ wteᵀ.
+/// The head tied to the token embedding: logits = x @ wteᵀ, for inference (no gradient: the
+/// fused version is an inference op).
 ///
 /// # Shapes
 /// - x: `[B, T, C]` -> `[B, T, V]`
-pub(crate) fn head(wte: &Embedding, x: Tensor<3>) -> Tensor<3> {
+pub(crate) fn head(wte: &Embedding, x: Tensor<3>, pass: Pass) -> Tensor<3> {
+    if pass.fused && !x.device().is_autodiff() {
+        return fused::head(x, wte.weight.val());
+    }
     let w = wte.weight.val(); // (V, C)
     let [v, c] = w.dims();
     x.matmul(w.transpose().reshape([1, c, v]))
