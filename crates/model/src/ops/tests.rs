@@ -76,6 +76,21 @@ fn assert_close(
     }
 }
 
+/// The gradients of `sum(out * weights)` (fixed random weights) for a weight and its optional
+/// bias, flattened one after the other.
+fn param_grads<const D: usize, const W: usize>(
+    out: Tensor<D>,
+    weight: &Param<Tensor<W>>,
+    bias: Option<&Param<Tensor<1>>>,
+) -> Vec<f32> {
+    let g = (out.clone() * random(out.dims(), 7)).sum().backward();
+    let mut v = values(&weight.val().grad(&g).unwrap());
+    if let Some(b) = bias {
+        v.extend(values(&b.val().grad(&g).unwrap()));
+    }
+    v
+}
+
 /// Parameters of a module replaced by random values (so biases and gains are not trivial).
 fn randomise<const D: usize>(p: &Param<Tensor<D>>, seed: u64) -> Param<Tensor<D>> {
     Param::initialized(p.id, random(p.val().dims(), seed).require_grad())
@@ -90,7 +105,6 @@ fn layer_norm_matches_burn() {
         ln.gamma = randomise(&ln.gamma, 1);
         ln.beta = ln.beta.as_ref().map(|b| randomise(b, 2));
         let x = random(shape, 3);
-        let params = |ln: &burn::nn::LayerNorm| ln.gamma.val();
         let case = |pass| run([x.clone()], |[x]| layer_norm(&ln, x, pass));
         assert_close(
             &format!("layer norm {shape:?} bias {bias}"),
@@ -98,15 +112,12 @@ fn layer_norm_matches_burn() {
             case(COMPOSITE),
             1e-4,
         );
-        // Parameter gradients: through a model-free loss on both paths.
         let grad_of = |pass| {
-            let out = layer_norm(&ln, x.clone(), pass);
-            let g = (out * random(shape, 7)).sum().backward();
-            let mut v = values(&params(&ln).grad(&g).unwrap());
-            if let Some(b) = &ln.beta {
-                v.extend(values(&b.val().grad(&g).unwrap()));
-            }
-            v
+            param_grads(
+                layer_norm(&ln, x.clone(), pass),
+                &ln.gamma,
+                ln.beta.as_ref(),
+            )
         };
         let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
         assert!(
@@ -145,17 +156,7 @@ fn linear_and_its_residual_form_match_burn() {
             residual(COMPOSITE),
             1e-4,
         );
-        let grad_of = |pass| {
-            let out = linear(&l, x.clone(), pass);
-            let g = (out * random([shape[0], shape[1], d_out], 7))
-                .sum()
-                .backward();
-            let mut v = values(&l.weight.val().grad(&g).unwrap());
-            if let Some(b) = &l.bias {
-                v.extend(values(&b.val().grad(&g).unwrap()));
-            }
-            v
-        };
+        let grad_of = |pass| param_grads(linear(&l, x.clone(), pass), &l.weight, l.bias.as_ref());
         let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
         assert!(
             d < 1e-3,
@@ -178,15 +179,8 @@ fn linear_gelu_matches_burn() {
             case(COMPOSITE),
             1e-4,
         );
-        let grad_of = |pass| {
-            let out = linear_gelu(&l, x.clone(), pass);
-            let g = (out * random([2, 7, 40], 7)).sum().backward();
-            let mut v = values(&l.weight.val().grad(&g).unwrap());
-            if let Some(b) = &l.bias {
-                v.extend(values(&b.val().grad(&g).unwrap()));
-            }
-            v
-        };
+        let grad_of =
+            |pass| param_grads(linear_gelu(&l, x.clone(), pass), &l.weight, l.bias.as_ref());
         let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
         assert!(
             d < 1e-3,

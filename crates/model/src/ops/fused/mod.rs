@@ -1,0 +1,321 @@
+//! The layers as single Burn operations on the Flex (CPU) backend, each computed by its
+//! hand-written kernel from `cinder-kernels` and carrying its own backward pass (Burn's backend
+//! extension). [`Layers`] is implemented twice: for `Flex` (the forward alone: inference) and for
+//! `Autodiff<Flex>` (the forward, and a [`Backward`] step that calls the kernel's backward).
+//!
+//! Every operation treats its input as rows of its last dimension (`[B, T, C]` as `[B*T, C]`),
+//! and the output keeps the input's leading dimensions. An optional input (a bias, a residual)
+//! is passed as an empty tensor when absent; no gradient flows to it.
+
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use cinder_kernels::attention::{self, CachedShape};
+use cinder_kernels::dropout::Mask;
+use cinder_kernels::{gelu, loss};
+
+mod kernels;
+use kernels::*;
+
+/// The layers that have a fused version, for training (and inference) on Flex.
+#[backend_extension(Flex, Autodiff)]
+pub trait Layers: burn::backend::Backend {
+    /// `wte[ids] + wpe[start..]`: `[B, T]` ids -> `[B, T, C]`.
+    fn embed(
+        ids: IntTensor<Self>,
+        wte: FloatTensor<Self>,
+        wpe: FloatTensor<Self>,
+        start: usize,
+    ) -> FloatTensor<Self>;
+    /// LayerNorm over the last dimension (`beta` empty: no shift).
+    fn layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self>;
+    /// `residual + (x W + b)` (`bias`, `residual`: empty when absent).
+    fn linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+    /// The exact (erf) GELU of `x + bias` (`bias`, added to each row: empty when absent).
+    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
+    /// the weights when `p > 0`.
+    fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
+    /// `residual + x ⊙ mask` (`residual` empty: `x ⊙ mask`), the mask drawn from `seed` (see
+    /// `cinder_kernels::dropout`).
+    fn dropout(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        p: f32,
+        seed: u64,
+    ) -> FloatTensor<Self>;
+    /// Mean cross-entropy of `targets` under the tied head's logits `x wteᵀ`: `[1]`.
+    fn head_loss(
+        x: FloatTensor<Self>,
+        wte: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// Inference-only operations on plain Flex.
+#[backend_extension(Flex)]
+pub trait Inference: burn::backend::Backend {
+    /// Attention of the new positions over a key/value cache `[S, block, C]` that they are
+    /// written into; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
+    /// `last_only`, `[S, 1, C]`.
+    fn cached_attention(
+        qkv: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        start: usize,
+        n_head: usize,
+        last_only: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// The tied head's logits `x wteᵀ`: `[.., C]` -> `[.., V]`.
+    fn head(x: FloatTensor<Self>, wte: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-level entry points, for the model.
+
+pub fn embed(ids: Tensor<2, Int>, wte: Tensor<2>, wpe: Tensor<2>, start: usize) -> Tensor<3> {
+    Tensor::from_dispatch(<Dispatch as Layers>::embed(
+        ids.into_dispatch(),
+        wte.into_dispatch(),
+        wpe.into_dispatch(),
+        start,
+    ))
+}
+
+pub fn layer_norm<const D: usize>(
+    x: Tensor<D>,
+    gamma: Tensor<1>,
+    beta: Option<Tensor<1>>,
+    eps: f32,
+) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::layer_norm(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        or_empty(beta, &device),
+        eps,
+    ))
+}
+
+pub fn linear<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    residual: Option<Tensor<D>>,
+) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::linear(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        or_empty(bias, &device),
+        or_empty(residual, &device),
+    ))
+}
+
+/// `t`, or an empty tensor that stands for its absence.
+fn or_empty<const D: usize>(
+    t: Option<Tensor<D>>,
+    device: &Device,
+) -> burn::backend::DispatchTensor {
+    t.unwrap_or_else(|| Tensor::<D>::empty([0; D], device))
+        .into_dispatch()
+}
+
+pub fn gelu<const D: usize>(x: Tensor<D>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::gelu(
+        x.into_dispatch(),
+        or_empty(bias, &device),
+    ))
+}
+
+pub fn attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
+    let (p, seed) = mask.map_or((0.0, 0), |m| (m.p, m.seed));
+    Tensor::from_dispatch(<Dispatch as Layers>::attention(
+        qkv.into_dispatch(),
+        n_head,
+        p,
+        seed,
+    ))
+}
+
+pub fn dropout<const D: usize>(x: Tensor<D>, residual: Option<Tensor<D>>, mask: Mask) -> Tensor<D> {
+    let device = x.device();
+    Tensor::from_dispatch(<Dispatch as Layers>::dropout(
+        x.into_dispatch(),
+        or_empty(residual, &device),
+        mask.p,
+        mask.seed,
+    ))
+}
+
+pub fn head_loss(x: Tensor<3>, wte: Tensor<2>, targets: Tensor<2, Int>) -> Tensor<1> {
+    Tensor::from_dispatch(<Dispatch as Layers>::head_loss(
+        x.into_dispatch(),
+        wte.into_dispatch(),
+        targets.into_dispatch(),
+    ))
+}
+
+pub fn head<const D: usize>(x: Tensor<D>, wte: Tensor<2>) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as Inference>::head(
+        x.into_dispatch(),
+        wte.into_dispatch(),
+    ))
+}
+
+pub fn cached_attention(
+    qkv: Tensor<3>,
+    cache: (Tensor<3>, Tensor<3>),
+    start: usize,
+    n_head: usize,
+    last_only: bool,
+) -> (Tensor<3>, (Tensor<3>, Tensor<3>)) {
+    let (y, k, v) = <Dispatch as Inference>::cached_attention(
+        qkv.into_dispatch(),
+        cache.0.into_dispatch(),
+        cache.1.into_dispatch(),
+        start,
+        n_head,
+        last_only,
+    );
+    let t = |x| Tensor::<3>::from_dispatch(x);
+    (t(y), (t(k), t(v)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two implementations.
+
+fn mask(p: f32, seed: u64) -> Option<Mask> {
+    (p > 0.0).then_some(Mask { p, seed })
+}
+
+fn embed_kernel(ids_t: &FlexTensor, start: usize) -> Embed {
+    let [_, seq] = dims(ids_t).try_into().expect("ids are [B, T]");
+    Embed {
+        ids: ids(ids_t),
+        seq,
+        start,
+    }
+}
+
+impl Layers for Flex {
+    fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, start: usize) -> FlexTensor {
+        embed_kernel(&ids, start).forward([wte, wpe]).0
+    }
+    fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
+        LayerNorm { eps }.forward([x, g, b]).0
+    }
+    fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
+        Linear.forward([x, w, b, r]).0
+    }
+    fn gelu(x: FlexTensor, bias: FlexTensor) -> FlexTensor {
+        // Inference: the value alone, without the derivative the backward pass would need.
+        let (xs, b) = (floats(&x), floats(&bias));
+        let mut out = zeros(xs.len());
+        gelu::forward_bias(&xs, present(&bias).then_some(&b[..]), &mut out);
+        tensor(out, dims(&x))
+    }
+    fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
+        let mask = mask(p, seed);
+        Attention { n_head, mask }.forward([qkv]).0
+    }
+    fn dropout(x: FlexTensor, r: FlexTensor, p: f32, seed: u64) -> FlexTensor {
+        let m = mask(p, seed).expect("dropout with p > 0");
+        Dropout(m).forward([x, r]).0
+    }
+    fn head_loss(x: FlexTensor, wte: FlexTensor, targets: FlexTensor) -> FlexTensor {
+        HeadLoss {
+            targets: ids(&targets),
+        }
+        .forward([x, wte])
+        .0
+    }
+}
+
+impl<C: CheckpointStrategy> Layers for Ad<C> {
+    fn embed(ids: FlexTensor, wte: AdTensor<C>, wpe: AdTensor<C>, start: usize) -> AdTensor<C> {
+        tracked::<_, C, _>(embed_kernel(&ids, start), [wte, wpe])
+    }
+    fn layer_norm(x: AdTensor<C>, g: AdTensor<C>, b: AdTensor<C>, eps: f32) -> AdTensor<C> {
+        tracked::<_, C, 3>(LayerNorm { eps }, [x, g, b])
+    }
+    fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
+        tracked::<_, C, 4>(Linear, [x, w, b, r])
+    }
+    fn gelu(x: AdTensor<C>, bias: AdTensor<C>) -> AdTensor<C> {
+        tracked::<_, C, _>(Gelu, [x, bias])
+    }
+    fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
+        let mask = mask(p, seed);
+        tracked::<_, C, _>(Attention { n_head, mask }, [qkv])
+    }
+    fn dropout(x: AdTensor<C>, r: AdTensor<C>, p: f32, seed: u64) -> AdTensor<C> {
+        let m = mask(p, seed).expect("dropout with p > 0");
+        tracked::<_, C, _>(Dropout(m), [x, r])
+    }
+    fn head_loss(x: AdTensor<C>, wte: AdTensor<C>, targets: FlexTensor) -> AdTensor<C> {
+        tracked::<_, C, _>(
+            HeadLoss {
+                targets: ids(&targets),
+            },
+            [x, wte],
+        )
+    }
+}
+
+impl Inference for Flex {
+    fn cached_attention(
+        qkv: FlexTensor,
+        keys: FlexTensor,
+        values: FlexTensor,
+        start: usize,
+        n_head: usize,
+        last_only: bool,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let [samples, new, c3] = dims(&qkv).try_into().expect("qkv is [S, T, 3C]");
+        let [_, block, c] = dims(&keys).try_into().expect("keys are [S, block, C]");
+        assert_eq!(c3, 3 * c);
+        let s = CachedShape {
+            samples,
+            new,
+            start,
+            block,
+            n_head,
+            n_embd: c,
+        };
+        let rows = if last_only { 1 } else { new };
+        let mut y = zeros(samples * rows * c);
+        // Written in place when the cache is not shared (the sampler's own), else copied.
+        let (mut keys, mut values) = (keys, values);
+        attention::forward_cached(
+            &floats(&qkv),
+            keys.storage_mut::<f32>(),
+            values.storage_mut::<f32>(),
+            s,
+            last_only,
+            &mut y,
+        );
+        (tensor(y, [samples, rows, c]), keys, values)
+    }
+
+    fn head(x: FlexTensor, wte: FlexTensor) -> FlexTensor {
+        let (shape, [v, c]) = (dims(&x), [dims(&wte)[0], dims(&wte)[1]]);
+        let xs = floats(&x);
+        let mut out = zeros(xs.len() / c * v);
+        loss::logits(&xs, &floats(&wte), c, &mut out);
+        tensor(out, with_last(&shape, v))
+    }
+}
