@@ -1,7 +1,8 @@
 //! The layers as single Burn operations on the Flex (CPU) backend, each computed by its
 //! hand-written kernel from `cinder-kernels` and carrying its own backward pass (Burn's backend
 //! extension). [`Layers`] is implemented twice: for `Flex` (the forward alone: inference) and for
-//! `Autodiff<Flex>` (the forward, and a [`Backward`] step that calls the kernel's backward).
+//! `Autodiff<Flex>` (the forward, and a `Backward` step of Burn's graph that calls the kernel's
+//! backward). The kernels themselves are in [`kernels`].
 //!
 //! Every operation treats its input as rows of its last dimension (`[B, T, C]` as `[B*T, C]`),
 //! and the output keeps the input's leading dimensions. An optional input (a bias, a residual)
