@@ -90,7 +90,7 @@ impl Backend {
         Err(DeviceError::NoGpuBackend)
     }
 
-    /// Whether this is a CPU backend (flex or ndarray), where cinder's kernels can run.
+    /// Whether this is a CPU backend (flex or ndarray).
     pub fn is_cpu(&self) -> bool {
         self.name != "wgpu"
     }
