@@ -8,7 +8,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::dropout::Mask;
-use crate::matmul::{Mat, matmul_into_strided};
+use crate::matmul::{Mat, SharedMut, matmul_into_strided};
 use crate::simd::{dot, exp_shifted_sum, max, multiversion};
 
 /// The shape of one attention call.
@@ -23,20 +23,6 @@ pub struct Shape {
 impl Shape {
     fn head_size(&self) -> usize {
         self.n_embd / self.n_head
-    }
-}
-
-/// A pointer that rayon tasks may share: each task writes only its own head's columns.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: used only to write disjoint elements from different tasks (see the call sites).
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// The element `offset` places on (a method, so closures capture the wrapper, not the field).
-    fn at(&self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
     }
 }
 

@@ -125,7 +125,7 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         strided_matmul(out.as_mut_ptr(), (n as isize, 1), a, b, accumulate);
     } else if row_shares >= 2 {
         let rows = m.div_ceil(row_shares);
-        let ptr = SharedOut(out.as_mut_ptr());
+        let ptr = SharedMut(out.as_mut_ptr());
         (0..row_shares).into_par_iter().for_each(|i| {
             let r = i * rows..((i + 1) * rows).min(m);
             // SAFETY: rows r of `out` belong to this share alone.
@@ -139,7 +139,7 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         });
     } else if inner_shares < 2 {
         let cols = n.div_ceil(col_shares);
-        let ptr = SharedOut(out.as_mut_ptr());
+        let ptr = SharedMut(out.as_mut_ptr());
         (0..col_shares).into_par_iter().for_each(|j| {
             let c = j * cols..((j + 1) * cols).min(n);
             // SAFETY: columns c of `out` belong to this share alone.
@@ -175,15 +175,17 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
 /// Elements per task when adding partial products.
 const SUM_CHUNK: usize = 16 * 1024;
 
-/// `out`'s pointer, shared by the tasks of [`matmul`], each of which writes its own block.
+/// An output's pointer that rayon tasks may share, each writing only its own block of elements
+/// (see the call sites: [`matmul`]'s shares, attention's heads).
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the tasks write disjoint blocks of the output (see `matmul`).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: used only to write disjoint elements from different tasks (see the call sites).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
 
-impl SharedOut {
-    fn at(&self, offset: usize) -> *mut f32 {
+impl SharedMut {
+    /// The element `offset` places on (a method, so closures capture the wrapper, not the field).
+    pub(crate) fn at(&self, offset: usize) -> *mut f32 {
         self.0.wrapping_add(offset)
     }
 }
