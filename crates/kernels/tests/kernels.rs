@@ -167,23 +167,39 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
 
 #[test]
 fn gelu_matches_its_definition_and_derivative() {
-    let x: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.01).collect();
-    let mut out = vec![0.0; x.len()];
-    gelu::forward(&x, &mut out);
-    let exact = |v: f32| 0.5 * v * (1.0 + libm::erff(v / std::f32::consts::SQRT_2));
-    let want: Vec<f32> = x.iter().map(|&v| exact(v)).collect();
-    assert!(max_diff(&out, &want) < 2e-6);
-    let mut d = vec![1.0; x.len()];
-    gelu::backward(&x, &mut d);
-    for (i, &v) in x.iter().enumerate().step_by(13) {
-        let h = 1e-3f64;
-        let f = |v: f64| 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
-        let numeric = (f(f64::from(v) + h) - f(f64::from(v) - h)) / (2.0 * h);
-        assert!(
-            (numeric - f64::from(d[i])).abs() < 1e-5,
-            "x = {v}: {numeric} vs {}",
-            d[i]
-        );
+    let x: Vec<f32> = (-600..600).map(|i| i as f32 * 0.01).collect(); // rows of 3
+    let exact = |v: f64| 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+    let tanh = |v: f64| {
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+        0.5 * v * (1.0 + u.tanh())
+    };
+    let kinds: [(gelu::Kind, &dyn Fn(f64) -> f64); 2] =
+        [(gelu::Kind::Erf, &exact), (gelu::Kind::Tanh, &tanh)];
+    for (kind, f) in kinds {
+        let mut derivative = x.clone();
+        let mut out = vec![0.0; x.len()];
+        gelu::forward_keep_derivative(kind, &mut derivative, None, &mut out);
+        let want: Vec<f32> = x.iter().map(|&v| f(f64::from(v)) as f32).collect();
+        assert!(max_diff(&out, &want) < 2e-6, "{kind:?}");
+        // Inference gives the same values, in place, and a bias is added to each row.
+        let bias = [0.5f32, -1.0, 0.25];
+        let mut in_place = x.clone();
+        gelu::forward_in_place(kind, &mut in_place, Some(&bias));
+        for (i, (&v, &g)) in x.iter().zip(&in_place).enumerate() {
+            let want = f(f64::from(v + bias[i % 3])) as f32;
+            assert!((g - want).abs() < 2e-6, "{kind:?} at {v}: {g} vs {want}");
+        }
+        let mut d = vec![1.0; x.len()];
+        gelu::backward_from_derivative(&derivative, &mut d);
+        for (i, &v) in x.iter().enumerate().step_by(13) {
+            let h = 1e-3f64;
+            let numeric = (f(f64::from(v) + h) - f(f64::from(v) - h)) / (2.0 * h);
+            assert!(
+                (numeric - f64::from(d[i])).abs() < 1e-5,
+                "{kind:?}, x = {v}: {numeric} vs {}",
+                d[i]
+            );
+        }
     }
 }
 

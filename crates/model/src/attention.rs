@@ -46,6 +46,7 @@ impl CausalSelfAttention {
         let pass = Pass {
             fused: false,
             dropout: None,
+            eps: 0.0, // no LayerNorm in attention
         };
         let qkv = self.c_attn.forward(x);
         self.c_proj

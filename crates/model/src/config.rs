@@ -47,6 +47,33 @@ pub struct GptConfig {
     /// Whether linear layers and LayerNorms have a bias.
     #[config(default = true)]
     pub bias: bool,
+    /// The MLP's GELU.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// The epsilon of every LayerNorm (GPT-2's and Burn's default).
+    #[config(default = 1e-5)]
+    pub layer_norm_epsilon: f64,
+}
+
+/// The GELU of the MLP, named as in config files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// The exact GELU, `x Φ(x)` (GPT-2's paper; nanoGPT; Hugging Face's `gelu`).
+    #[default]
+    Gelu,
+    /// GPT-2's tanh approximation (Hugging Face's `gelu_new`, the released GPT-2 weights').
+    GeluTanh,
+}
+
+impl Activation {
+    /// The name in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
 }
 
 impl GptConfig {
@@ -73,6 +100,13 @@ impl GptConfig {
                 field: "n_embd",
                 value: self.n_embd.to_string(),
                 allowed: format!("a multiple of n_head ({})", self.n_head),
+            });
+        }
+        if !(self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon < 1.0) {
+            return Err(ConfigError {
+                field: "layer_norm_epsilon",
+                value: self.layer_norm_epsilon.to_string(),
+                allowed: "in (0, 1)".into(),
             });
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -115,7 +149,7 @@ impl GptConfig {
                 ln_2: self.layer_norm(device),
                 mlp: Mlp {
                     c_fc: self.linear(self.n_embd, 4 * self.n_embd, INIT_STD, device),
-                    gelu: burn::nn::Gelu::new(),
+                    activation: self.activation,
                     c_proj: self.linear(4 * self.n_embd, self.n_embd, residual_std, device),
                     dropout: DropoutConfig::new(self.dropout).init(),
                 },
@@ -127,6 +161,7 @@ impl GptConfig {
             drop: DropoutConfig::new(self.dropout).init(),
             blocks,
             ln_f: self.layer_norm(device),
+            layer_norm_epsilon: self.layer_norm_epsilon,
             ops: Default::default(),
         })
     }
@@ -144,7 +179,7 @@ impl GptConfig {
 
     fn layer_norm(&self, device: &Device) -> LayerNorm {
         LayerNormConfig::new(self.n_embd)
-            .with_epsilon(crate::ops::LAYER_NORM_EPS)
+            .with_epsilon(self.layer_norm_epsilon)
             .with_bias(self.bias)
             .init(device)
     }
@@ -173,6 +208,7 @@ mod tests {
             (GptConfig::new(0, 8), "vocab_size"),
             (valid().with_dropout(1.0), "dropout"),
             (valid().with_dropout(-0.1), "dropout"),
+            (valid().with_layer_norm_epsilon(0.0), "layer_norm_epsilon"),
         ];
         for (config, field) in cases {
             let err = config.validate().unwrap_err();

@@ -20,6 +20,9 @@ pub struct Gpt {
     pub drop: Dropout,
     pub blocks: Vec<Block>,
     pub ln_f: LayerNorm,
+    /// The LayerNorms' epsilon, for the fused ones (Burn's keep theirs private).
+    #[module(skip)]
+    pub layer_norm_epsilon: f64,
     /// Which version of the layers runs (not part of the weights).
     #[module(skip)]
     pub ops: Ops,
@@ -67,6 +70,7 @@ impl Gpt {
         let pass = Pass {
             fused: false,
             dropout: None,
+            eps: self.layer_norm_epsilon as f32,
         };
         let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, 0, pass);
         let mut weights = Vec::with_capacity(self.blocks.len());
@@ -190,6 +194,7 @@ impl Gpt {
         Pass {
             fused: self.ops.fused_on(device),
             dropout,
+            eps: self.layer_norm_epsilon as f32,
         }
     }
 

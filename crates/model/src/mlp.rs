@@ -1,8 +1,9 @@
 //! The feed-forward half of a block: linear to 4 x n_embd, GELU, linear back, dropout.
 
-use burn::nn::{Dropout, Gelu, Linear};
+use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
 
+use crate::Activation;
 use crate::ops::{self, Pass, Site};
 
 /// The block's multilayer perceptron.
@@ -10,8 +11,9 @@ use crate::ops::{self, Pass, Site};
 pub struct Mlp {
     /// `n_embd -> 4 * n_embd`.
     pub c_fc: Linear,
-    /// Exact (erf) GELU, as in GPT-2 and nanoGPT.
-    pub gelu: Gelu,
+    /// Which GELU (not part of the weights).
+    #[module(skip)]
+    pub activation: Activation,
     /// `4 * n_embd -> n_embd`, a residual output projection.
     pub c_proj: Linear,
     /// Residual dropout.
@@ -30,7 +32,7 @@ impl Mlp {
         pass: Pass,
         layer: usize,
     ) -> Tensor<3> {
-        let h = ops::linear_gelu(&self.c_fc, x, pass); // (B, T, 4C)
+        let h = ops::linear_gelu(&self.c_fc, self.activation, x, pass); // (B, T, 4C)
         let at = (layer, Site::MlpOutput);
         ops::project_residual(&self.c_proj, &self.dropout, h, residual, pass, at) // (B, T, C)
     }

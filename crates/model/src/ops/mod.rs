@@ -6,14 +6,13 @@
 
 use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu as composite_gelu, log_softmax};
+use burn::tensor::activation::{gelu as composite_gelu, gelu_approximate, log_softmax};
 use cinder_kernels::dropout::{Mask, site_seed};
+
+use crate::Activation;
 
 #[cfg(feature = "flex")]
 pub mod fused;
-
-/// LayerNorm's epsilon (Burn's default, and GPT-2's).
-pub const LAYER_NORM_EPS: f64 = 1e-5;
 
 /// Which version of the layers a model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,6 +72,8 @@ pub(crate) struct Pass {
     pub fused: bool,
     /// Dropout applies (training) when set.
     pub dropout: Option<DropoutKey>,
+    /// The LayerNorms' epsilon.
+    pub eps: f32,
 }
 
 impl Pass {
@@ -124,7 +125,7 @@ mod unavailable {
     ) -> Tensor<D> {
         unreachable!("{NONE}")
     }
-    pub fn gelu<const D: usize>(x: Tensor<D>, b: Option<Tensor<1>>) -> Tensor<D> {
+    pub fn gelu<const D: usize>(x: Tensor<D>, b: Option<Tensor<1>>, t: bool) -> Tensor<D> {
         unreachable!("{NONE}")
     }
     pub fn dropout<const D: usize>(x: Tensor<D>, r: Option<Tensor<D>>, m: Mask) -> Tensor<D> {
@@ -168,7 +169,7 @@ pub(crate) fn embed(
 pub(crate) fn layer_norm<const D: usize>(ln: &LayerNorm, x: Tensor<D>, pass: Pass) -> Tensor<D> {
     if pass.fused {
         let beta = ln.beta.as_ref().map(|b| b.val());
-        fused::layer_norm(x, ln.gamma.val(), beta, LAYER_NORM_EPS as f32)
+        fused::layer_norm(x, ln.gamma.val(), beta, pass.eps)
     } else {
         ln.forward(x)
     }
@@ -205,12 +206,20 @@ pub(crate) fn project_residual<const D: usize>(
     }
 }
 
-/// `gelu(x W + b)`, with the exact (erf) GELU. The fused version adds the bias in the GELU's
+/// `gelu(x W + b)`, with the GELU `activation`. The fused version adds the bias in the GELU's
 /// pass.
-pub(crate) fn linear_gelu<const D: usize>(l: &Linear, x: Tensor<D>, pass: Pass) -> Tensor<D> {
+pub(crate) fn linear_gelu<const D: usize>(
+    l: &Linear,
+    activation: Activation,
+    x: Tensor<D>,
+    pass: Pass,
+) -> Tensor<D> {
+    let tanh = activation == Activation::GeluTanh;
     if pass.fused {
         let h = fused::linear(x, l.weight.val(), None, None);
-        fused::gelu(h, l.bias.as_ref().map(|b| b.val()))
+        fused::gelu(h, l.bias.as_ref().map(|b| b.val()), tanh)
+    } else if tanh {
+        gelu_approximate(l.forward(x))
     } else {
         composite_gelu(l.forward(x))
     }

@@ -13,10 +13,12 @@ use super::*;
 const FUSED: Pass = Pass {
     fused: true,
     dropout: None,
+    eps: 1e-5,
 };
 const COMPOSITE: Pass = Pass {
     fused: false,
     dropout: None,
+    eps: 1e-5,
 };
 
 fn device() -> Device {
@@ -98,18 +100,35 @@ fn randomise<const D: usize>(p: &Param<Tensor<D>>, seed: u64) -> Param<Tensor<D>
 
 #[test]
 fn layer_norm_matches_burn() {
-    for (shape, bias) in [([2, 5, 16], true), ([3, 70, 24], false), ([1, 1, 8], true)] {
+    let cases = [
+        ([2, 5, 16], true, 1e-5),
+        ([3, 70, 24], false, 1e-5),
+        ([1, 1, 8], true, 1e-5),
+        ([2, 3, 8], true, 0.5), // an epsilon large enough to matter
+    ];
+    for (shape, bias, eps) in cases {
         let mut ln = LayerNormConfig::new(shape[2])
             .with_bias(bias)
+            .with_epsilon(eps)
             .init(&device());
+        let (fused, composite) = (
+            Pass {
+                eps: eps as f32,
+                ..FUSED
+            },
+            Pass {
+                eps: eps as f32,
+                ..COMPOSITE
+            },
+        );
         ln.gamma = randomise(&ln.gamma, 1);
         ln.beta = ln.beta.as_ref().map(|b| randomise(b, 2));
         let x = random(shape, 3);
         let case = |pass| run([x.clone()], |[x]| layer_norm(&ln, x, pass));
         assert_close(
             &format!("layer norm {shape:?} bias {bias}"),
-            case(FUSED),
-            case(COMPOSITE),
+            case(fused),
+            case(composite),
             1e-4,
         );
         let grad_of = |pass| {
@@ -119,7 +138,7 @@ fn layer_norm_matches_burn() {
                 ln.beta.as_ref(),
             )
         };
-        let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
+        let d = max_diff(&grad_of(fused), &grad_of(composite));
         assert!(
             d < 1e-4,
             "layer norm {shape:?}: parameter gradients differ by {d}"
@@ -167,24 +186,40 @@ fn linear_and_its_residual_form_match_burn() {
 
 #[test]
 fn linear_gelu_matches_burn() {
-    for bias in [true, false] {
+    let cases = [
+        (true, Activation::Gelu),
+        (false, Activation::Gelu),
+        (true, Activation::GeluTanh),
+        (false, Activation::GeluTanh),
+    ];
+    for (bias, activation) in cases {
         let mut l = LinearConfig::new(16, 40).with_bias(bias).init(&device());
         l.weight = randomise(&l.weight, 1);
         l.bias = l.bias.as_ref().map(|b| randomise(b, 2));
         let x = random([2, 7, 16], 5) * 3.0;
-        let case = |pass| run([x.clone()], |[x]| linear_gelu(&l, x, pass));
+        let case = |pass| run([x.clone()], |[x]| linear_gelu(&l, activation, x, pass));
         assert_close(
-            &format!("gelu, bias {bias}"),
+            &format!("{activation:?}, bias {bias}"),
             case(FUSED),
             case(COMPOSITE),
             1e-4,
         );
-        let grad_of =
-            |pass| param_grads(linear_gelu(&l, x.clone(), pass), &l.weight, l.bias.as_ref());
+        let grad_of = |pass| {
+            let y = linear_gelu(&l, activation, x.clone(), pass);
+            param_grads(y, &l.weight, l.bias.as_ref())
+        };
         let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
         assert!(
             d < 1e-3,
-            "gelu, bias {bias}: parameter gradients differ by {d}"
+            "{activation:?}, bias {bias}: parameter gradients differ by {d}"
+        );
+        // Inference (no autodiff) has its own fused GELU, in place.
+        let (l, x) = (l.valid(), x.inner());
+        let infer = |pass| values(&linear_gelu(&l, activation, x.clone(), pass));
+        let d = max_diff(&infer(FUSED), &infer(COMPOSITE));
+        assert!(
+            d < 1e-4,
+            "{activation:?}, bias {bias}: inference differs by {d}"
         );
     }
 }

@@ -32,6 +32,20 @@ pub(super) fn floats(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
+/// `t` as a tensor whose buffer holds exactly its values in order (a copy when `t` is a view
+/// of part of a buffer, or strided), for a kernel that writes in place; the buffer is still
+/// copied on write if another tensor shares it.
+pub(super) fn owned(t: FlexTensor) -> FlexTensor {
+    let whole = t
+        .as_slice::<f32>()
+        .is_some_and(|s| std::mem::size_of_val(s) == t.bytes().len());
+    if whole {
+        t
+    } else {
+        tensor(floats(&t).into_owned(), dims(&t))
+    }
+}
+
 /// The ids of an int tensor.
 pub(super) fn ids(t: &FlexTensor) -> Vec<u32> {
     t.clone()
@@ -292,7 +306,16 @@ impl Kernel<4> for Linear {
 }
 
 #[derive(Debug)]
-pub(super) struct Gelu;
+pub(super) struct Gelu(pub gelu::Kind);
+
+/// The kernels' GELU: the tanh approximation or the exact one.
+pub(super) fn gelu_kind(tanh: bool) -> gelu::Kind {
+    if tanh {
+        gelu::Kind::Tanh
+    } else {
+        gelu::Kind::Erf
+    }
+}
 
 impl Kernel<2> for Gelu {
     /// GELU's derivative at the input.
@@ -302,15 +325,11 @@ impl Kernel<2> for Gelu {
         // The derivative replaces the input in its own buffer when nothing else holds it (the
         // linear layer's fresh output), else in a copy.
         let shape = dims(&x);
-        let mut derivative = if x.as_slice::<f32>().is_some() {
-            x
-        } else {
-            x.to_contiguous()
-        };
+        let mut derivative = owned(x);
         let b = floats(&bias);
         let values = derivative.storage_mut::<f32>();
         let mut out = zeros(values.len());
-        gelu::forward_keep_derivative(values, present(&bias).then_some(&b[..]), &mut out);
+        gelu::forward_keep_derivative(self.0, values, present(&bias).then_some(&b[..]), &mut out);
         (tensor(out, shape), derivative)
     }
 

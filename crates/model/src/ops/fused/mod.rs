@@ -44,8 +44,9 @@ pub trait Layers: burn::backend::Backend {
         bias: FloatTensor<Self>,
         residual: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
-    /// The exact (erf) GELU of `x + bias` (`bias`, added to each row: empty when absent).
-    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The GELU of `x + bias` (`bias`, added to each row: empty when absent): exact, or with
+    /// `tanh` the tanh approximation.
+    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
     /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
     /// the weights when `p > 0`.
     fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
@@ -134,11 +135,12 @@ fn or_empty<const D: usize>(
         .into_dispatch()
 }
 
-pub fn gelu<const D: usize>(x: Tensor<D>, bias: Option<Tensor<1>>) -> Tensor<D> {
+pub fn gelu<const D: usize>(x: Tensor<D>, bias: Option<Tensor<1>>, tanh: bool) -> Tensor<D> {
     let device = x.device();
     Tensor::from_dispatch(<Dispatch as Layers>::gelu(
         x.into_dispatch(),
         or_empty(bias, &device),
+        tanh,
     ))
 }
 
@@ -222,12 +224,19 @@ impl Layers for Flex {
     fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
         Linear.forward([x, w, b, r]).0
     }
-    fn gelu(x: FlexTensor, bias: FlexTensor) -> FlexTensor {
-        // Inference: the value alone, without the derivative the backward pass would need.
-        let (xs, b) = (floats(&x), floats(&bias));
-        let mut out = zeros(xs.len());
-        gelu::forward_bias(&xs, present(&bias).then_some(&b[..]), &mut out);
-        tensor(out, dims(&x))
+    fn gelu(x: FlexTensor, bias: FlexTensor, tanh: bool) -> FlexTensor {
+        // Inference: the value alone, without the derivative the backward pass would need, in
+        // place in the input's buffer (the linear layer's fresh output) when nothing else
+        // holds it.
+        let mut x = owned(x);
+        let b = floats(&bias);
+        let kind = gelu_kind(tanh);
+        gelu::forward_in_place(
+            kind,
+            x.storage_mut::<f32>(),
+            present(&bias).then_some(&b[..]),
+        );
+        x
     }
     fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
         let mask = mask(p, seed);
@@ -256,8 +265,8 @@ impl<C: CheckpointStrategy> Layers for Ad<C> {
     fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
         tracked::<_, C, 4>(Linear, [x, w, b, r])
     }
-    fn gelu(x: AdTensor<C>, bias: AdTensor<C>) -> AdTensor<C> {
-        tracked::<_, C, _>(Gelu, [x, bias])
+    fn gelu(x: AdTensor<C>, bias: AdTensor<C>, tanh: bool) -> AdTensor<C> {
+        tracked::<_, C, _>(Gelu(gelu_kind(tanh)), [x, bias])
     }
     fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
         let mask = mask(p, seed);
