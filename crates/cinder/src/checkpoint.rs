@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::faults;
+use crate::gpt2::{self, Gpt2Error};
 
 /// The checkpoint layout this build writes; it reads this version and older ones.
 /// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
@@ -77,6 +78,14 @@ pub enum CheckpointError {
         path.display()
     )]
     NewerFormat { path: PathBuf, found: u32 },
+    #[error(
+        "{} is a Hugging Face GPT-2 folder: it holds weights but no training state to resume; \
+         start a new run from it with --init-from",
+        .0.display()
+    )]
+    NoTrainingState(PathBuf),
+    #[error(transparent)]
+    Gpt2(#[from] Gpt2Error),
 }
 
 /// Size and checksum of one file of a checkpoint.
@@ -134,8 +143,11 @@ impl Meta {
     }
 
     /// The training data's paths, as the run was given them.
+    /// None for a GPT-2 folder.
     pub fn data_paths(&self) -> Vec<PathBuf> {
-        if self.data_paths.is_empty() {
+        if self.data_paths.is_empty() && self.data_path.as_os_str().is_empty() {
+            Vec::new()
+        } else if self.data_paths.is_empty() {
             vec![self.data_path.clone()]
         } else {
             self.data_paths.clone()
@@ -264,10 +276,16 @@ pub fn resolve(path: &Path, prefer: &[&str]) -> Result<PathBuf, CheckpointError>
         .ok_or_else(|| CheckpointError::NotACheckpoint(path.to_path_buf()))
 }
 
-/// `dir` if it holds a checkpoint, or the previous checkpoint that a crash between the two
-/// renames of [`save`] left as `.<name>.old`.
+/// Whether `dir` is a Hugging Face GPT-2 folder (see [`gpt2`]) rather than a checkpoint: the
+/// functions here read its weights and tokenizer as a checkpoint's, at iteration 0.
+pub fn is_gpt2(dir: &Path) -> bool {
+    !dir.join(META).exists() && gpt2::is_folder(dir)
+}
+
+/// `dir` if it holds a checkpoint (or is a GPT-2 folder), or the previous checkpoint that a
+/// crash between the two renames of [`save`] left as `.<name>.old`.
 fn checkpoint_at(dir: &Path) -> Option<PathBuf> {
-    if dir.join(META).is_file() {
+    if dir.join(META).is_file() || is_gpt2(dir) {
         return Some(dir.to_path_buf());
     }
     let old = sibling(dir, "old");
@@ -335,6 +353,10 @@ impl CheckpointError {
 
 /// Reads and checks `meta.json` of the checkpoint folder `dir`.
 pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
+    if is_gpt2(dir) {
+        let (config, tokenizer) = gpt2::read_config(dir)?;
+        return Ok(Meta::new(&config, &tokenizer, "huggingface", 0));
+    }
     let path = dir.join(META);
     let bytes = read(&path)?;
     let corrupt = |reason: String| CheckpointError::Corrupt {
@@ -358,6 +380,9 @@ pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
 
 /// The tokenizer of the checkpoint `dir` (reading its `tokenizer.json`, checked, for BPE).
 pub fn load_tokenizer(dir: &Path, meta: &Meta) -> Result<Tokenizer, CheckpointError> {
+    if is_gpt2(dir) {
+        return Ok(gpt2::read_config(dir)?.1);
+    }
     let json =
         match meta.vocab.file() {
             Some(name) => Some(String::from_utf8(read_checked(dir, meta, name)?).map_err(
@@ -394,6 +419,9 @@ pub fn load_weights(
     config: &GptConfig,
     device: &Device,
 ) -> Result<Gpt, CheckpointError> {
+    if is_gpt2(dir) {
+        return Ok(gpt2::load_weights(dir, config, device)?);
+    }
     let path = dir.join(MODEL);
     let bytes = read_checked(dir, meta, MODEL)?;
     let corrupt = |reason: String| CheckpointError::Corrupt {
@@ -416,6 +444,9 @@ pub fn load_optimizer(
     meta: &Meta,
     optim: ModuleOptimizer,
 ) -> Result<ModuleOptimizer, CheckpointError> {
+    if is_gpt2(dir) {
+        return Err(CheckpointError::NoTrainingState(dir.to_path_buf()));
+    }
     let bytes = read_checked(dir, meta, OPTIMIZER)?;
     optim
         .from_bytes(Bytes::from_bytes_vec(bytes))

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cinder_model::GptConfig;
+use cinder_model::{Activation, GptConfig};
 use serde::{Deserialize, Serialize};
 
 /// A configuration file that could not be used, or a value out of range.
@@ -37,6 +37,9 @@ pub struct TrainConfig {
     pub block_size: usize,
     pub dropout: f64,
     pub bias: bool,
+    /// `gelu` (exact) or `gelu_tanh` (GPT-2's released weights).
+    pub activation: Activation,
+    pub layer_norm_epsilon: f64,
     // Optimisation.
     pub batch_size: usize,
     pub max_iters: u64,
@@ -59,7 +62,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// `char`, `bpe` (trained on the training text) or the path of a `tokenizer.json`.
     pub tokenizer: String,
-    /// Tokens of a trained BPE; 0 for the default ([`DEFAULT_BPE_VOCAB`]). Only with `bpe`.
+    /// With `bpe`, the tokens of the BPE trained; 0 for the default ([`DEFAULT_BPE_VOCAB`]).
+    /// With a tokenizer.json, the model's vocabulary when it is padded beyond the tokenizer's
+    /// (nanoGPT pads GPT-2's 50,257 tokens to 50,304); 0 for the tokenizer's own.
     pub vocab_size: usize,
     /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
     /// architecture and vocabulary are then the checkpoint's ([`ARCHITECTURE`]).
@@ -75,6 +80,8 @@ pub const ARCHITECTURE: &[&str] = &[
     "n_embd",
     "block_size",
     "bias",
+    "activation",
+    "layer_norm_epsilon",
     "tokenizer",
     "vocab_size",
 ];
@@ -92,6 +99,8 @@ impl Default for TrainConfig {
             block_size: 64,
             dropout: 0.0,
             bias: true,
+            activation: Activation::Gelu,
+            layer_norm_epsilon: 1e-5,
             batch_size: 12,
             max_iters: 2000,
             learning_rate: 1e-3,
@@ -251,12 +260,12 @@ impl TrainConfig {
         )?;
         let is_bpe = c.tokenizer == "bpe";
         check(
-            c.vocab_size == 0 || (is_bpe && c.vocab_size >= 257),
+            c.vocab_size == 0 || (is_bpe && c.vocab_size >= 257) || c.tokenizer_is_file(),
             "vocab_size",
             c.vocab_size.to_string(),
             "0 (the default) or, with tokenizer = \"bpe\", at least 257 (256 bytes and \
-             <|endoftext|>); a char vocabulary is the text's characters and a tokenizer.json has \
-             its own",
+             <|endoftext|>); a char vocabulary is the text's characters, and with a \
+             tokenizer.json it pads the model's vocabulary beyond the file's tokens",
         )?;
         check(
             !c.tokenizer.is_empty(),
@@ -268,14 +277,27 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// The model architecture for a vocabulary of `vocab_size` characters.
-    pub fn model(&self, vocab_size: usize) -> GptConfig {
+    /// Whether `tokenizer` names a tokenizer.json (not `char` or `bpe`).
+    pub fn tokenizer_is_file(&self) -> bool {
+        !matches!(self.tokenizer.as_str(), "char" | "bpe")
+    }
+
+    /// The model architecture for a tokenizer of `tokens` tokens: a vocabulary of as many, or of
+    /// `vocab_size` when it pads a tokenizer.json's.
+    pub fn model(&self, tokens: usize) -> GptConfig {
+        let vocab_size = if self.tokenizer_is_file() {
+            tokens.max(self.vocab_size)
+        } else {
+            tokens
+        };
         GptConfig::new(vocab_size, self.block_size)
             .with_n_layer(self.n_layer)
             .with_n_head(self.n_head)
             .with_n_embd(self.n_embd)
             .with_dropout(self.dropout)
             .with_bias(self.bias)
+            .with_activation(self.activation)
+            .with_layer_norm_epsilon(self.layer_norm_epsilon)
     }
 
     /// This configuration with the [`ARCHITECTURE`] fields of `other`.

@@ -79,8 +79,9 @@ impl TextLoss {
 }
 
 /// Mean loss over `ids` cut into consecutive windows of `block_size` predictions (the few
-/// characters after the last whole window are left out), `batch_size` windows at a time.
-/// Calls `progress(done, total)` in windows. Needs at least `block_size + 1` ids.
+/// tokens after the last whole window are left out), `batch_size` windows at a time; a text
+/// shorter than that is one window of its own length. Calls `progress(done, total)` in windows.
+/// Needs at least 2 ids.
 pub fn text_loss(
     model: &Gpt,
     ids: &[u32],
@@ -88,8 +89,9 @@ pub fn text_loss(
     device: &Device,
     mut progress: impl FnMut(usize, usize),
 ) -> TextLoss {
-    let block = model.block_size();
-    let windows = (ids.len().saturating_sub(1)) / block;
+    let block = model.block_size().min(ids.len().saturating_sub(1));
+    assert!(block > 0, "text_loss needs at least 2 ids");
+    let windows = (ids.len() - 1) / block;
     let mut total = 0.0f64;
     for first in (0..windows).step_by(batch_size) {
         let n = batch_size.min(windows - first);

@@ -17,6 +17,9 @@ pub struct GenerateOptions {
     pub seed: u64,
     /// Use the key/value cache (same text, faster); off re-runs the whole window per token.
     pub use_cache: bool,
+    /// Tokens the tokenizer has: ids past them (a model vocabulary padded beyond the
+    /// tokenizer's) are never picked.
+    pub tokens: usize,
 }
 
 /// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
@@ -40,8 +43,9 @@ pub fn generate(
     for _ in 0..opts.max_new_tokens {
         let last = decoder.next_logits(&texts); // (n, V) on the host
         let v = last.len() / n;
+        let pickable = opts.tokens.min(v);
         for (s, text) in texts.iter_mut().enumerate() {
-            let token = opts.sampling.pick(&last[s * v..(s + 1) * v], &mut rng);
+            let token = opts.sampling.pick(&last[s * v..s * v + pickable], &mut rng);
             text.push(token);
             out[s].push(token);
             on_token(s, token);

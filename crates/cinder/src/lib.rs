@@ -12,6 +12,7 @@ pub mod device;
 pub mod eval;
 pub mod faults;
 pub mod generate;
+pub mod gpt2;
 pub mod inspect;
 pub mod metrics;
 pub mod optim;

@@ -79,6 +79,7 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         },
         seed: 0,
         use_cache,
+        tokens: 11,
     };
     let text = |ops, use_cache| {
         let model = model.clone().with_ops(ops);
@@ -93,4 +94,34 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
     );
     assert_eq!(a, text(Ops::Fused, true), "fused, with the cache");
     assert_eq!(a, text(Ops::Fused, false), "fused, without the cache");
+}
+
+/// A vocabulary padded beyond the tokenizer's (nanoGPT's 50,304 for GPT-2's 50,257 tokens):
+/// sampling never picks an id the tokenizer lacks.
+#[test]
+fn sampling_never_picks_a_padding_id() {
+    let device = common::backend().device;
+    device.seed(5);
+    let model = GptConfig::new(11, 8)
+        .with_n_layer(1)
+        .with_n_head(2)
+        .with_n_embd(16)
+        .init(&device)
+        .unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 60,
+        num_samples: 2,
+        sampling: SamplingParams {
+            temperature: 2.0,
+            top_k: None,
+            top_p: None,
+        },
+        seed: 3,
+        use_cache: true,
+        tokens: 3,
+    };
+    let texts = generate(&model, &[1, 2], &opts, &device, |_, _| {});
+    for text in texts {
+        assert!(text.iter().all(|&id| id < 3), "{text:?}");
+    }
 }

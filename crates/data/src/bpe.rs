@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use tokenizers::decoders::DecoderWrapper;
+use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
 use tokenizers::normalizers::NormalizerWrapper;
@@ -89,6 +90,32 @@ impl BpeTokenizer {
         tokenizer
             .train(&mut trainer, texts)
             .map_err(|e| BpeError::Train(e.to_string()))?;
+        Ok(Self::wrap(tokenizer.into()))
+    }
+
+    /// A tokenizer whose tokens are `chars`, in order, each its own token (a BPE model without
+    /// merges or pre-tokenizer, and a decoder that joins tokens as they are): a character
+    /// vocabulary in Hugging Face's format.
+    pub fn of_chars(chars: &[char]) -> Result<Self, BpeError> {
+        let vocab: tokenizers::models::bpe::Vocab = (0u32..)
+            .zip(chars)
+            .map(|(id, c)| (c.to_string(), id))
+            .collect();
+        let model = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .build()
+            .map_err(|e| BpeError::Train(e.to_string()))?;
+        let tokenizer = TokenizerBuilder::<
+            ModelWrapper,
+            NormalizerWrapper,
+            PreTokenizerWrapper,
+            PostProcessorWrapper,
+            DecoderWrapper,
+        >::new()
+        .with_model(model.into())
+        .with_decoder(Some(Fuse::new().into()))
+        .build()
+        .map_err(|e| BpeError::Train(e.to_string()))?;
         Ok(Self::wrap(tokenizer.into()))
     }
 
@@ -277,5 +304,22 @@ mod tests {
         let back = BpeTokenizer::from_json(&t.to_json()).unwrap();
         assert_eq!(back, t);
         assert!(BpeTokenizer::train("abc".lines(), 100).is_err());
+    }
+
+    #[test]
+    fn a_character_vocabulary_keeps_its_ids_and_text() {
+        let chars: Vec<char> = "\n !,Tabeéhinorst🦀".chars().collect();
+        let t = BpeTokenizer::of_chars(&chars).unwrap();
+        let t = BpeTokenizer::from_json(&t.to_json()).unwrap();
+        let text = "To be, or not\n to be 🦀 é";
+        let mut ids = Vec::new();
+        t.encode_into(text, &mut ids).unwrap();
+        let want: Vec<u32> = text
+            .chars()
+            .map(|c| chars.iter().position(|&v| v == c).unwrap() as u32)
+            .collect();
+        assert_eq!(ids, want);
+        assert_eq!(t.vocab_size(), chars.len());
+        assert_eq!(t.inner.decode(&ids, false).unwrap(), text);
     }
 }

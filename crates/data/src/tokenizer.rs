@@ -121,6 +121,23 @@ impl Tokenizer {
         }
     }
 
+    /// The tokenizer as a Hugging Face `tokenizer.json`: a BPE's own file; for characters, a
+    /// tokenizer with one token per character and the same ids ([`BpeTokenizer::of_chars`]).
+    pub fn hugging_face_json(&self) -> Result<String, BpeError> {
+        match self {
+            Tokenizer::Char(t) => Ok(BpeTokenizer::of_chars(t.chars())?.to_json()),
+            Tokenizer::Bpe(t) => Ok(t.to_json()),
+        }
+    }
+
+    /// The id of the end-of-text token, if the vocabulary has one.
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Char(_) => None,
+            Tokenizer::Bpe(t) => t.end_of_text(),
+        }
+    }
+
     /// What one token is, for messages: "characters" or "tokens".
     pub fn unit(&self) -> &'static str {
         match self {

@@ -123,6 +123,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 },
                 seed: config.seed,
                 use_cache: !no_cache,
+                tokens: model.vocab_size(),
             };
             let start = Instant::now();
             generate(&model, &[0], &opts, &device, |_, _| {});

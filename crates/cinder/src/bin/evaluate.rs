@@ -16,12 +16,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// Measure a checkpoint on a text: loss, perplexity and bits per character.
 ///
-/// The text is cut into consecutive windows of the model's context length; every character of a
-/// window is predicted from the ones before it in the window.
+/// The text is cut into consecutive windows of the model's context length (a shorter text is one
+/// window); every token of a window is predicted from the ones before it in the window. A
+/// Hugging Face GPT-2 folder can be measured too (with --data).
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
-    /// A run folder (its best/ checkpoint, else latest/) or a checkpoint folder
+    /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
+    /// Face GPT-2 folder
     #[arg(long, default_value = "checkpoints/tiny_cpu")]
     checkpoint: PathBuf,
     /// Text to measure on (UTF-8) [default: the run's own split, see --split]
@@ -78,6 +80,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         None => {
             let paths = meta.data_paths();
+            if paths.is_empty() {
+                bail!(
+                    "{} has no training text to split: pass a text with --data",
+                    dir.display()
+                );
+            }
             let data = TrainingData::open(
                 &paths,
                 Some(&tokenizer),
@@ -98,12 +106,18 @@ fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    if ids.len() < block + 1 {
+    if ids.len() < 2 {
         bail!(
-            "{what} has {} {}, but one window needs block_size + 1 = {}: give a longer text",
+            "{what} has {} {}, but measuring needs at least 2: give a longer text",
             ids.len(),
             tokenizer.unit(),
-            block + 1
+        );
+    }
+    if ids.len() <= block && !args.quiet {
+        eprintln!(
+            "{what} is shorter than the context ({block} {}): measuring it as one window of {}",
+            tokenizer.unit(),
+            ids.len() - 1
         );
     }
     if !args.quiet {

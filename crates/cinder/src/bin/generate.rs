@@ -120,6 +120,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         seed: args.seed,
         use_cache: !args.no_cache,
+        tokens: tokenizer.vocab_size(),
     };
     let prompt_str = tokenizer.decode(&prompt);
     let mut out = std::io::stdout().lock();

@@ -300,6 +300,9 @@ fn resume(
     backend: Backend,
     say: &dyn Fn(String),
 ) -> anyhow::Result<(Trainer, RunLock)> {
+    if checkpoint::is_gpt2(from) {
+        return Err(checkpoint::CheckpointError::NoTrainingState(from.to_path_buf()).into());
+    }
     // The run folder: the checkpoint's parent, or the folder named while it has no checkpoint
     // yet (a run just started, which its lock then reports).
     let run = match checkpoint::resolve(from, &[LATEST, BEST]) {
