@@ -115,17 +115,23 @@ pub fn apply_on_resume(
 
 /// Gives a new run that starts from a checkpoint's weights (`--init-from`) the checkpoint's
 /// architecture (`from`); the other fields stay as the config file and `overrides` set them.
-/// A flag that contradicts the checkpoint's architecture is an error naming it.
+/// A flag that contradicts the checkpoint's architecture is an error naming it. The one
+/// exception is a shorter context: `crop_to`, the block size the config file or a flag asked
+/// for, may be below the checkpoint's, and the run then trains the model cropped to it (as
+/// nanoGPT's `crop_block_size`).
 pub fn adopt_architecture(
     overrides: &Overrides,
     config: &mut TrainConfig,
     from: &TrainConfig,
+    crop_to: Option<usize>,
 ) -> Result<(), String> {
+    let crop_to = crop_to.filter(|&b| b > 0 && b < from.block_size);
     let adopted = config.with_architecture_of(from);
     let (given, theirs) = (config.to_table(), adopted.to_table());
     let flags = overrides.apply(&mut TrainConfig::default());
     for change in flags.iter().filter(|c| ARCHITECTURE.contains(&c.field)) {
-        if given.get(change.field) != theirs.get(change.field) {
+        let cropped = change.field == "block_size" && crop_to.is_some();
+        if given.get(change.field) != theirs.get(change.field) && !cropped {
             let theirs = theirs
                 .get(change.field)
                 .map(|v| v.to_string())
@@ -141,6 +147,9 @@ pub fn adopt_architecture(
         }
     }
     *config = adopted;
+    if let Some(block_size) = crop_to {
+        config.block_size = block_size;
+    }
     Ok(())
 }
 
@@ -226,8 +235,9 @@ mod tests {
         };
         let mut c = TrainConfig::default();
         o.apply(&mut c);
-        adopt_architecture(&o, &mut c, &ckpt).unwrap();
+        adopt_architecture(&o, &mut c, &ckpt, None).unwrap();
         assert_eq!((c.n_layer, c.n_embd, c.learning_rate), (2, 64, 1e-4));
+        assert_eq!(c.block_size, ckpt.block_size);
 
         let o = Overrides {
             n_layer: Some(6),
@@ -235,11 +245,26 @@ mod tests {
         };
         let mut c = TrainConfig::default();
         o.apply(&mut c);
-        let err = adopt_architecture(&o, &mut c, &ckpt).unwrap_err();
+        let err = adopt_architecture(&o, &mut c, &ckpt, None).unwrap_err();
         assert!(
             err.contains("--n-layer 6") && err.contains("n_layer = 2"),
             "{err}"
         );
+
+        // A shorter context crops; a longer one contradicts the checkpoint.
+        for (block, ok) in [(32, true), (128, false)] {
+            let o = Overrides {
+                block_size: Some(block),
+                ..Default::default()
+            };
+            let mut c = TrainConfig::default();
+            o.apply(&mut c);
+            let result = adopt_architecture(&o, &mut c, &ckpt, Some(block));
+            match ok {
+                true => assert_eq!(c.block_size, 32, "{result:?}"),
+                false => assert!(result.unwrap_err().contains("--block-size 128")),
+            }
+        }
     }
 }
 

@@ -358,6 +358,10 @@ mod tests {
             "shakespeare_bpe.toml is tiny_cpu with a BPE"
         );
         bpe.validate().unwrap();
+        let finetune = TrainConfig::load(&dir.join("finetune_shakespeare.toml")).unwrap();
+        assert_eq!(finetune.init_from.as_deref(), Some(Path::new("gpt2")));
+        assert_eq!((finetune.block_size, finetune.batch_size), (256, 4));
+        finetune.validate().unwrap();
     }
 
     #[test]

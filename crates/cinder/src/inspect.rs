@@ -15,23 +15,25 @@ use crate::plot::{PlotError, register_font};
 /// distribution over the keys (zero after the query's position, summing to 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttentionMaps {
-    /// The characters of the text, one per position.
-    pub chars: Vec<char>,
+    /// The text of each position's token (a character, for character models).
+    #[serde(alias = "chars")]
+    pub tokens: Vec<String>,
     pub weights: Vec<Vec<Vec<Vec<f32>>>>,
 }
 
-/// The characters a head attends to most from one position.
+/// The tokens a head attends to most from one position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadFocus {
     pub layer: usize,
     pub head: usize,
-    /// `(key position, character, weight)`, highest weight first.
-    pub top: Vec<(usize, char, f32)>,
+    /// `(key position, token, weight)`, highest weight first.
+    pub top: Vec<(usize, String, f32)>,
 }
 
 impl AttentionMaps {
     /// Runs `model` over `ids` (at most `block_size` of them) and keeps its attention weights.
-    pub fn compute(model: &Gpt, ids: &[u32], chars: Vec<char>, device: &Device) -> Self {
+    /// `tokens` are the ids' texts, for labels.
+    pub fn compute(model: &Gpt, ids: &[u32], tokens: Vec<String>, device: &Device) -> Self {
         let t = ids.len();
         let (_, layers) = model.forward_with_attention(ids_tensor(ids, [1, t], device));
         let weights = layers
@@ -48,7 +50,7 @@ impl AttentionMaps {
                     .collect()
             })
             .collect();
-        Self { chars, weights }
+        Self { tokens, weights }
     }
 
     /// Number of layers and of heads.
@@ -61,10 +63,10 @@ impl AttentionMaps {
         let mut out = Vec::new();
         for (layer, heads) in self.weights.iter().enumerate() {
             for (head, rows) in heads.iter().enumerate() {
-                let mut keys: Vec<(usize, char, f32)> = rows[position][..=position]
+                let mut keys: Vec<(usize, String, f32)> = rows[position][..=position]
                     .iter()
                     .enumerate()
-                    .map(|(j, &w)| (j, self.chars[j], w))
+                    .map(|(j, &w)| (j, self.tokens[j].clone(), w))
                     .collect();
                 keys.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
                 keys.truncate(k);
@@ -79,12 +81,12 @@ impl AttentionMaps {
     }
 
     /// Draws one heatmap per head (rows: layers, columns: heads) with a colour scale, and the
-    /// characters on both axes when there are few enough to read.
+    /// tokens on both axes when there are few enough to read.
     pub fn draw(&self, title: &str, path: &Path) -> Result<(), PlotError> {
         register_font();
         let err = |e: &dyn std::fmt::Display| PlotError::new(path, e);
         let (layers, heads) = self.shape();
-        let t = self.chars.len();
+        let t = self.tokens.len();
         let panel = 300u32;
         let (bar_w, title_h) = (130u32, 40u32);
         let size = (
@@ -99,12 +101,12 @@ impl AttentionMaps {
         let (grid, bar) = root.split_horizontally(heads as u32 * panel);
         let labelled = t <= 48;
         let label = |i: i32| -> String {
-            match usize::try_from(i).ok().and_then(|i| self.chars.get(i)) {
-                Some('\n') => "↵".into(),
-                Some(' ') => "·".into(),
-                Some(c) => c.to_string(),
-                None => String::new(),
-            }
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| self.tokens.get(i))
+                .map_or_else(String::new, |token| {
+                    token.replace('\n', "↵").replace(' ', "·")
+                })
         };
         for (idx, area) in grid.split_evenly((layers, heads)).iter().enumerate() {
             let (layer, head) = (idx / heads, idx % heads);

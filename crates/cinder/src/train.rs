@@ -135,7 +135,8 @@ impl Trainer {
 
     /// A new run that starts from the weights of the checkpoint `dir` (fine-tuning): a fresh
     /// optimizer, the schedule from iteration 0. `config` must have the checkpoint's
-    /// architecture, and `data` its vocabulary; its other settings are the new run's.
+    /// architecture (but may have a shorter context: the model is cropped to it), and `data`
+    /// its vocabulary; its other settings are the new run's.
     pub fn fine_tune(
         dir: &Path,
         meta: &Meta,
@@ -146,8 +147,14 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         device.seed(config.seed);
-        let model_config = config.model(data.tokenizer.vocab_size());
-        let model = checkpoint::load_weights(dir, meta, &model_config, &device)?;
+        // The checkpoint's context, cropped to the run's when that is shorter.
+        let stored = TrainConfig {
+            block_size: meta.config.block_size,
+            ..config.clone()
+        };
+        let model_config = stored.model(data.tokenizer.vocab_size());
+        let model = checkpoint::load_weights(dir, meta, &model_config, &device)?
+            .crop_block_size(config.block_size);
         Self::starting_from(model, config, backend, data, out_dir)
     }
 

@@ -353,7 +353,8 @@ fn damaged_or_mismatched_folders_are_refused_by_name() {
 }
 
 /// `train --init-from` a GPT-2 folder fine-tunes it; the run's checkpoints keep GPT-2's
-/// settings and tokenizer, and `evaluate` measures a text shorter than the context.
+/// settings and tokenizer; `evaluate` measures a text shorter than the context, and `inspect`
+/// reads the folder.
 #[test]
 fn a_gpt2_folder_fine_tunes_and_evaluates() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,6 +398,7 @@ fn a_gpt2_folder_fine_tunes_and_evaluates() {
                 "--lr-decay-iters",
                 "3",
             ])
+            .args(["--block-size", "16"]) // crops GPT-2's 32 positions
             .arg("--out")
             .arg(&run),
     );
@@ -404,9 +406,17 @@ fn a_gpt2_folder_fine_tunes_and_evaluates() {
     assert_eq!(meta.iter, 3);
     assert_eq!(meta.config.activation, Activation::GeluTanh);
     assert_eq!(meta.config.layer_norm_epsilon, 1e-3);
-    assert_eq!(
-        (meta.config.n_embd, meta.config.block_size),
-        (N_EMBD, N_POSITIONS)
+    assert_eq!((meta.config.n_embd, meta.config.block_size), (N_EMBD, 16));
+    fails_with(
+        cmd("train")
+            .current_dir(dir.path())
+            .arg("--init-from")
+            .arg(&folder)
+            .arg("--data")
+            .arg(&text)
+            .args(["--block-size", "64", "--out"])
+            .arg(dir.path().join("longer")),
+        &["--block-size 64 contradicts", "block_size = 32"],
     );
 
     let short = dir.path().join("short.txt");
@@ -425,6 +435,23 @@ fn a_gpt2_folder_fine_tunes_and_evaluates() {
     fails_with(
         cmd("evaluate").arg("--checkpoint").arg(&folder),
         &["no training text", "--data"],
+    );
+    // inspect labels positions with the BPE's tokens.
+    let out = stdout_of(
+        cmd("inspect")
+            .arg("--checkpoint")
+            .arg(&folder)
+            .args(["--text", "To be, or not", "--out"])
+            .arg(dir.path().join("maps")),
+    );
+    assert!(out.starts_with("position "), "{out}");
+    let json = std::fs::read_to_string(dir.path().join("maps/attention.json")).unwrap();
+    let maps: cinder::inspect::AttentionMaps = serde_json::from_str(&json).unwrap();
+    assert_eq!(maps.tokens.concat(), "To be, or not");
+    assert!(
+        maps.tokens.len() < 13,
+        "tokens, not characters: {:?}",
+        maps.tokens
     );
 }
 

@@ -62,7 +62,7 @@ fn writes_a_png_and_json_that_round_trips_and_prints_the_focus() {
         json,
         "the JSON round-trips"
     );
-    assert_eq!(maps.chars.iter().collect::<String>(), "First Citizen");
+    assert_eq!(maps.tokens.concat(), "First Citizen");
     assert_eq!(maps.shape(), (2, 2));
     for head in maps.weights.iter().flatten() {
         for (q, row) in head.iter().enumerate() {
@@ -82,8 +82,5 @@ fn writes_a_png_and_json_that_round_trips_and_prints_the_focus() {
     assert!(stderr.contains("inspecting its last 16"), "{stderr}");
     let json = std::fs::read_to_string(dir.path().join("maps/attention.json")).unwrap();
     let maps: AttentionMaps = serde_json::from_str(&json).unwrap();
-    assert_eq!(
-        maps.chars.iter().collect::<String>(),
-        "Before we proceed"[1..].to_string()
-    );
+    assert_eq!(maps.tokens.concat(), "Before we proceed"[1..].to_string());
 }

@@ -184,6 +184,25 @@ impl Gpt {
         self.blocks.len()
     }
 
+    /// This model with a context of `block_size` positions, the first of its learned ones
+    /// (nanoGPT's `crop_block_size`: fine-tune a long-context model on short windows).
+    pub fn crop_block_size(mut self, block_size: usize) -> Self {
+        assert!(
+            block_size > 0 && block_size <= self.block_size(),
+            "a model can only be cropped to a shorter context"
+        );
+        let require_grad = self.wpe.weight.is_require_grad();
+        self.wpe.weight = self.wpe.weight.map(|w| {
+            let cropped = w.narrow(0, 0, block_size).detach();
+            if require_grad {
+                cropped.require_grad()
+            } else {
+                cropped
+            }
+        });
+        self
+    }
+
     /// This model with the layers of `ops`.
     pub fn with_ops(mut self, ops: Ops) -> Self {
         self.ops = ops;

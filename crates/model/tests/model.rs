@@ -229,3 +229,26 @@ fn attention_weights_are_causal_rows_that_reproduce_the_output() {
     let direct = to_vec(block.attn.forward(xn));
     assert!(max_abs_diff(&mixed, &direct) < 1e-5);
 }
+
+/// A model cropped to a shorter context keeps its first positions: on sequences that fit, it
+/// gives the logits of the whole model, and on the autodiff device its positions still train.
+#[test]
+fn a_cropped_model_keeps_its_first_positions() {
+    let device = device();
+    let (_, model) = tiny(&device);
+    let idx = ids(&[&[1, 2, 3, 4, 5]], &device);
+    let want = to_vec(model.forward(idx.clone()));
+    let cropped = model.clone().crop_block_size(5);
+    assert_eq!(cropped.block_size(), 5);
+    assert_eq!(to_vec(cropped.forward(idx.clone())), want);
+
+    let device = Device::flex().autodiff();
+    let (_, model) = tiny(&device);
+    let cropped = model.crop_block_size(6);
+    let loss = cropped.loss(idx.clone().to_device(&device), idx.to_device(&device), None);
+    let grads = loss.backward();
+    assert!(
+        cropped.wpe.weight.grad(&grads).is_some(),
+        "wpe has a gradient"
+    );
+}

@@ -66,6 +66,16 @@ enum Mode {
     },
     /// Peak matrix-multiply throughput of the backend (GFLOP/s), the reference for MFU
     Peak,
+    /// Median time to load a checkpoint or a Hugging Face GPT-2 folder: configuration,
+    /// tokenizer and weights (the files' pages warm after the first run)
+    Load {
+        /// A run folder, checkpoint folder or GPT-2 folder
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Timed loads
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 fn main() {
@@ -147,6 +157,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         Mode::Peak => {
             out["peak_gflops"] = round(peak_gflops(&backend.device), 2).into();
+        }
+        Mode::Load { checkpoint, runs } => {
+            let mut times = Vec::new();
+            for _ in 0..runs.max(1) {
+                let start = Instant::now();
+                let loaded = cinder::checkpoint::load(
+                    &checkpoint,
+                    &[cinder::train::BEST, cinder::train::LATEST],
+                    &backend.device,
+                )?;
+                // Weights are read into tensors by now; touch one to be sure nothing is lazy.
+                let _ = loaded.model.ln_f.gamma.val().into_data();
+                times.push(start.elapsed().as_secs_f64());
+                out["params"] = loaded.model.num_params().into();
+            }
+            times.sort_by(f64::total_cmp);
+            out["load_s"] = round(times[times.len() / 2], 3).into();
+            out["load_s_all"] = times
+                .iter()
+                .map(|t| round(*t, 3))
+                .collect::<Vec<_>>()
+                .into();
         }
     }
     out["peak_rss_mb"] = peak_rss_mb().map(|m| round(m, 1)).into();

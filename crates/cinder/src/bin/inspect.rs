@@ -14,12 +14,13 @@ use clap::Parser;
 ///
 /// Writes attention.png (one heatmap per head: rows are layers, columns heads; in each, row i is
 /// the query at position i and its colours the weights it gives to the keys at positions <= i)
-/// and attention.json (the weights and the characters), and prints, for one position, the
-/// characters each head attends to most.
+/// and attention.json (the weights and the tokens: characters, for a character model), and
+/// prints, for one position, the tokens each head attends to most.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
-    /// A run folder (its best/ checkpoint, else latest/) or a checkpoint folder
+    /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
+    /// Face GPT-2 folder
     #[arg(long, default_value = "checkpoints/tiny_cpu")]
     checkpoint: PathBuf,
     /// The text to look at
@@ -35,10 +36,10 @@ struct Args {
     /// Folder for attention.png and attention.json
     #[arg(long, default_value = ".")]
     out: PathBuf,
-    /// Position (from 0) whose attention to print [default: the last character]
+    /// Position (from 0) whose attention to print [default: the last token]
     #[arg(long)]
     position: Option<usize>,
-    /// Characters to list per head
+    /// Tokens to list per head
     #[arg(long, default_value_t = 3)]
     top: usize,
     /// Where to run
@@ -58,43 +59,40 @@ fn run(args: Args) -> anyhow::Result<()> {
         tokenizer,
         model,
     } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
-    let cinder_data::Tokenizer::Char(vocab) = tokenizer else {
-        bail!(
-            "{} has a {} tokenizer: inspect labels positions with characters, and reads \
-             character models only",
-            dir.display(),
-            tokenizer.name()
-        );
-    };
     let text = match &args.text_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,
         None => args.text.clone(),
     };
-    let mut chars: Vec<char> = cinder_data::normalized_chars(&text).collect();
-    if chars.is_empty() {
+    let text: String = cinder_data::normalized_chars(&text).collect();
+    let mut ids = tokenizer
+        .encode(&text)
+        .map_err(|e| anyhow::anyhow!("the text does not fit the model: {e}"))?;
+    if ids.is_empty() {
         bail!("the text is empty: give at least one character");
     }
     let block = meta.config.block_size;
-    if chars.len() > block {
+    let unit = tokenizer.unit();
+    if ids.len() > block {
         eprintln!(
-            "the text has {} characters but the model's context is {block}: inspecting its last {block}",
-            chars.len()
+            "the text has {} {unit} but the model's context is {block}: inspecting its last {block}",
+            ids.len()
         );
-        chars.drain(..chars.len() - block);
+        ids.drain(..ids.len() - block);
     }
-    let ids = vocab
-        .encode(chars.iter().copied())
-        .map_err(|e| anyhow::anyhow!("the text does not fit the model: {e}"))?;
-    let position = args.position.unwrap_or(chars.len() - 1);
-    if position >= chars.len() {
+    let tokens: Vec<String> = ids
+        .iter()
+        .map(|&id| String::from_utf8_lossy(&tokenizer.token_bytes(id)).into_owned())
+        .collect();
+    let position = args.position.unwrap_or(ids.len() - 1);
+    if position >= ids.len() {
         bail!(
             "--position is {position}, but the text has positions 0 to {}",
-            chars.len() - 1
+            ids.len() - 1
         );
     }
 
-    let maps = AttentionMaps::compute(&model, &ids, chars.clone(), &backend.device);
+    let maps = AttentionMaps::compute(&model, &ids, tokens.clone(), &backend.device);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let png = args.out.join("attention.png");
@@ -104,19 +102,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     std::fs::write(&json, serde_json::to_vec(&maps)?)
         .with_context(|| format!("cannot write {}", json.display()))?;
 
-    let show = |c: char| match c {
-        '\n' => "\\n".to_string(),
-        c => c.to_string(),
-    };
     println!(
-        "position {position} ({:?}): the characters each head attends to most",
-        show(chars[position])
+        "position {position} ({:?}): the {unit} each head attends to most",
+        tokens[position]
     );
     for f in maps.focus(position, args.top) {
         let items: Vec<String> = f
             .top
             .iter()
-            .map(|(j, c, w)| format!("{:?}@{j} {w:.2}", show(*c)))
+            .map(|(j, token, w)| format!("{token:?}@{j} {w:.2}"))
             .collect();
         println!("  layer {} head {}: {}", f.layer, f.head, items.join(", "));
     }

@@ -47,9 +47,10 @@ struct Args {
     /// Continue the run in this run folder (its latest/) or checkpoint folder
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
-    /// Start a new run from the weights of this checkpoint or run folder (its best/):
-    /// fine-tuning. The architecture and vocabulary come from it; the training settings from
-    /// the config and flags; the optimizer and schedule start afresh [config: init_from]
+    /// Start a new run from the weights of this checkpoint, run folder (its best/) or Hugging
+    /// Face GPT-2 folder: fine-tuning. The architecture and vocabulary come from it (a smaller
+    /// --block-size crops its context); the training settings from the config and flags; the
+    /// optimizer and schedule start afresh [config: init_from]
     #[arg(long, value_name = "CKPT", conflicts_with = "resume")]
     init_from: Option<PathBuf>,
     /// If the run folder already holds a run, move that run aside into <folder>.old-<n>
@@ -109,10 +110,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut trainer = trainer.with_ops(args.ops.into());
     say(format!("layers: {}", ops_description(trainer.ops_name())));
+    let (tokens, rows) = (trainer.tokenizer.vocab_size(), trainer.model().vocab_size());
+    let padded = if rows > tokens {
+        format!(" (padded to {rows} in the model)")
+    } else {
+        String::new()
+    };
     say(format!(
-        "model: {} parameters, vocabulary {} {}; run folder {}",
+        "model: {} parameters, vocabulary {tokens} {}{padded}; run folder {}",
         trainer.model().num_params(),
-        trainer.tokenizer.vocab_size(),
         trainer.tokenizer.unit(),
         trainer.out_dir.display()
     ));
@@ -220,8 +226,19 @@ fn start(
             let dir = checkpoint::resolve(from, &[BEST, LATEST])
                 .with_context(|| format!("cannot start from {}", from.display()))?;
             let meta = checkpoint::load_meta(&dir)?;
-            adopt_architecture(&args.overrides, &mut config, &meta.config)
+            // A block size given by a flag or the config file may crop the model's context.
+            let crop_to = args
+                .overrides
+                .block_size
+                .or(config_file_block_size(&args.config));
+            adopt_architecture(&args.overrides, &mut config, &meta.config, crop_to)
                 .map_err(anyhow::Error::msg)?;
+            if config.block_size < meta.config.block_size {
+                say(format!(
+                    "cropping the model's context from {} to block_size = {} positions",
+                    meta.config.block_size, config.block_size
+                ));
+            }
             say(format!(
                 "starting from the weights of {} (iteration {}); its architecture and vocabulary \
                  are kept, the optimizer and schedule start afresh",
@@ -291,6 +308,13 @@ fn start(
         None => Trainer::new(config, backend, data, out)?,
     };
     Ok((trainer, lock))
+}
+
+/// The `block_size` the config file at `path` sets, if it sets one.
+fn config_file_block_size(path: &Path) -> Option<usize> {
+    let table: toml::Table = std::fs::read_to_string(path).ok()?.parse().ok()?;
+    let value = table.get("block_size")?.as_integer()?;
+    usize::try_from(value).ok()
 }
 
 /// A run continued from a checkpoint.
