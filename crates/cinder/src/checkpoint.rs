@@ -164,24 +164,28 @@ pub fn save(
     model: &Gpt,
     optim: Option<&ModuleOptimizer>,
 ) -> Result<(), CheckpointError> {
-    let model_bytes = model
-        .clone()
-        .into_record()
-        .into_bytes()
-        .map_err(|e| write_err(dir, std::io::Error::other(e.to_string())))?;
-    let optim_bytes = optim
-        .map(|o| o.into_bytes())
-        .transpose()
-        .map_err(|e| write_err(dir, std::io::Error::other(e.to_string())))?;
-    let mut files = vec![(MODEL, model_bytes.as_ref())];
-    if let Some(bytes) = &optim_bytes {
-        files.push((OPTIMIZER, bytes.as_ref()));
-    }
+    // The weights and the optimizer state are each serialised straight into their file when
+    // their turn comes, so that only one copy of one of them is in memory at a time.
+    let record_err = |e: burn::store::RecordError| std::io::Error::other(e.to_string());
     let tokenizer_json = tokenizer.file_json();
-    if let Some(json) = &tokenizer_json {
-        files.push((TOKENIZER_JSON, json.as_bytes()));
+    let mut files: Vec<(&str, Content)> = vec![(
+        MODEL,
+        Content::Written(Box::new(move |path: &Path| {
+            model.clone().into_record().save(path).map_err(record_err)
+        })),
+    )];
+    if let Some(optim) = optim {
+        files.push((
+            OPTIMIZER,
+            Content::Written(Box::new(move |path: &Path| {
+                optim.to_record().save(path).map_err(record_err)
+            })),
+        ));
     }
-    write_atomically(dir, meta, &files, &mut |moment| {
+    if let Some(json) = &tokenizer_json {
+        files.push((TOKENIZER_JSON, Content::Bytes(json.as_bytes())));
+    }
+    write_atomically(dir, meta, files, &mut |moment| {
         faults::reached(moment.name());
         Ok(())
     })
@@ -209,13 +213,20 @@ impl Moment {
     }
 }
 
+/// What one file of a checkpoint holds.
+enum Content<'a> {
+    Bytes(&'a [u8]),
+    /// Written by the function, given the file's path.
+    Written(Box<dyn FnOnce(&Path) -> std::io::Result<()> + 'a>),
+}
+
 /// Writes `files` and `meta` (with the files' sums) into `dir` through `.<name>.tmp` and the
 /// swap described in the module docs, calling `at` at each [`Moment`]: an error there stops the
 /// write as a crash would (no clean-up), which is how the tests crash it.
 fn write_atomically(
     dir: &Path,
     meta: &Meta,
-    files: &[(&str, &[u8])],
+    files: Vec<(&str, Content)>,
     at: &mut dyn FnMut(Moment) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let (tmp, old) = (sibling(dir, "tmp"), sibling(dir, "old"));
@@ -226,8 +237,14 @@ fn write_atomically(
     let written = (|| {
         let mut meta = meta.clone();
         meta.files = files
-            .iter()
-            .map(|(name, bytes)| write_synced(&tmp, name, bytes))
+            .into_iter()
+            .map(|(name, content)| match content {
+                Content::Bytes(bytes) => write_synced(&tmp, name, bytes),
+                Content::Written(write) => {
+                    write(&tmp.join(name))?;
+                    seal(&tmp, name)
+                }
+            })
             .collect::<std::io::Result<_>>()?;
         let json = serde_json::to_vec_pretty(&meta).expect("metadata always serialises");
         write_synced(&tmp, META, &json)?;
@@ -513,6 +530,35 @@ fn write_synced(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<FileSum
     })
 }
 
+/// Syncs the file `name` that a writer wrote into `dir` and sums it, reading it back in blocks.
+/// Its bytes count against the write budget of the fault tests: past it, the file is cut where
+/// the budget ends and a full disk's error is returned, as [`write_synced`] does.
+fn seal(dir: &Path, name: &str) -> std::io::Result<FileSum> {
+    use std::io::Read;
+    let path = dir.join(name);
+    let mut file = fs::OpenOptions::new().read(true).write(true).open(&path)?;
+    let len = file.metadata()?.len();
+    if let Err((fits, full)) = faults::take_write_budget(len as usize) {
+        file.set_len(fits as u64)?;
+        return Err(full);
+    }
+    file.sync_all()?;
+    let mut crc = crc32fast::Hasher::new();
+    let mut block = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut block)?;
+        if n == 0 {
+            break;
+        }
+        crc.update(&block[..n]);
+    }
+    Ok(FileSum {
+        name: name.into(),
+        bytes: len,
+        crc32: crc.finalize(),
+    })
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     // Directories can be opened and fsynced on Unix; elsewhere this is a no-op.
     #[cfg(unix)]
@@ -556,7 +602,8 @@ mod tests {
 
     fn write(dir: &Path, iter: u64, crash_at: Option<Moment>) -> std::io::Result<()> {
         let weights = format!("weights {iter}");
-        write_atomically(dir, &meta(iter), &[(MODEL, weights.as_bytes())], &mut |m| {
+        let files = vec![(MODEL, Content::Bytes(weights.as_bytes()))];
+        write_atomically(dir, &meta(iter), files, &mut |m| {
             if Some(m) == crash_at {
                 Err(std::io::Error::other("crash"))
             } else {
@@ -606,7 +653,7 @@ mod tests {
         let err = write_atomically(
             &dir,
             &meta(2),
-            &[(&bad.to_string_lossy(), b"x")],
+            vec![(&*bad.to_string_lossy(), Content::Bytes(b"x"))],
             &mut |_| Ok(()),
         );
         assert!(err.is_err());
