@@ -482,3 +482,43 @@ fn a_short_text_is_one_window() {
         result.loss
     );
 }
+
+/// nanoGPT pads GPT-2's vocabulary (50,257 to 50,304 rows): a folder whose `vocab_size` exceeds
+/// its tokenizer's loads with the model's rows, and samples only the tokenizer's ids; one below
+/// it is refused.
+#[test]
+fn a_padded_vocabulary_loads_and_samples_known_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = tokenizer().vocab_size();
+    let padded = tokens + 20;
+    let folder = write_folder(
+        &dir.path().join("padded"),
+        "",
+        Dtype::F32,
+        json!({ "vocab_size": padded }),
+    );
+    let device = common::backend().device;
+    let loaded = checkpoint::load(&folder, &[BEST, LATEST], &device).unwrap();
+    assert_eq!(loaded.model.vocab_size(), padded);
+    assert_eq!(loaded.tokenizer.vocab_size(), tokens);
+    assert_eq!(loaded.meta.config.vocab_size, padded);
+    let out = stdout_of(cmd("generate").arg("--checkpoint").arg(&folder).args([
+        "--max-new-tokens",
+        "40",
+        "--temperature",
+        "2",
+        "-q",
+    ]));
+    assert!(!out.is_empty());
+
+    let folder = write_folder(
+        &dir.path().join("short"),
+        "",
+        Dtype::F32,
+        json!({ "vocab_size": tokens - 1 }),
+    );
+    fails_with(
+        &mut cmd("generate").arg("--checkpoint").arg(&folder),
+        &["`vocab_size`", "tokenizer.json"],
+    );
+}
