@@ -217,8 +217,11 @@ impl Moment {
 enum Content<'a> {
     Bytes(&'a [u8]),
     /// Written by the function, given the file's path.
-    Written(Box<dyn FnOnce(&Path) -> std::io::Result<()> + 'a>),
+    Written(WriteFile<'a>),
 }
+
+/// Writes a file at the path it is given.
+type WriteFile<'a> = Box<dyn FnOnce(&Path) -> std::io::Result<()> + 'a>;
 
 /// Writes `files` and `meta` (with the files' sums) into `dir` through `.<name>.tmp` and the
 /// swap described in the module docs, calling `at` at each [`Moment`]: an error there stops the

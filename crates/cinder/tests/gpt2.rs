@@ -518,7 +518,7 @@ fn a_padded_vocabulary_loads_and_samples_known_tokens() {
         json!({ "vocab_size": tokens - 1 }),
     );
     fails_with(
-        &mut cmd("generate").arg("--checkpoint").arg(&folder),
+        cmd("generate").arg("--checkpoint").arg(&folder),
         &["`vocab_size`", "tokenizer.json"],
     );
 }

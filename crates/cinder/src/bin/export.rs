@@ -17,7 +17,8 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
-    /// A run folder (its best/ checkpoint, else latest/) or a checkpoint folder
+    /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
+    /// Face GPT-2 folder
     #[arg(long, default_value = "checkpoints/tiny_cpu")]
     checkpoint: PathBuf,
     /// The folder to write: new, or without any of the four files
