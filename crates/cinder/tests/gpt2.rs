@@ -367,55 +367,38 @@ fn a_gpt2_folder_fine_tunes_and_evaluates() {
     let text = dir.path().join("text.txt");
     std::fs::write(&text, common::shakespeare(8_000)).unwrap();
     let run = dir.path().join("run");
-    stdout_of(
-        cmd("train")
-            .current_dir(dir.path())
+    // `train --init-from` the folder on the text, into `out`.
+    let fine_tune = |out: &Path| {
+        let mut c = cmd("train");
+        c.current_dir(dir.path())
             .arg("--init-from")
             .arg(&folder)
             .arg("--data")
             .arg(&text)
-            .args([
-                "--max-iters",
-                "3",
-                "--batch-size",
-                "2",
-                "--eval-interval",
-                "3",
-            ])
-            .args([
-                "--eval-iters",
-                "1",
-                "--dropout",
-                "0.1",
-                "--learning-rate",
-                "1e-4",
-            ])
-            .args([
-                "--min-lr",
-                "1e-5",
-                "--warmup-iters",
-                "1",
-                "--lr-decay-iters",
-                "3",
-            ])
-            .args(["--block-size", "16"]) // crops GPT-2's 32 positions
             .arg("--out")
-            .arg(&run),
-    );
+            .arg(out);
+        c
+    };
+    let settings = [
+        "--max-iters=3",
+        "--batch-size=2",
+        "--eval-interval=3",
+        "--eval-iters=1",
+        "--dropout=0.1",
+        "--learning-rate=1e-4",
+        "--min-lr=1e-5",
+        "--warmup-iters=1",
+        "--lr-decay-iters=3",
+        "--block-size=16", // crops GPT-2's 32 positions
+    ];
+    stdout_of(fine_tune(&run).args(settings));
     let meta = checkpoint::load_meta(&run.join(LATEST)).unwrap();
     assert_eq!(meta.iter, 3);
     assert_eq!(meta.config.activation, Activation::GeluTanh);
     assert_eq!(meta.config.layer_norm_epsilon, 1e-3);
     assert_eq!((meta.config.n_embd, meta.config.block_size), (N_EMBD, 16));
     fails_with(
-        cmd("train")
-            .current_dir(dir.path())
-            .arg("--init-from")
-            .arg(&folder)
-            .arg("--data")
-            .arg(&text)
-            .args(["--block-size", "64", "--out"])
-            .arg(dir.path().join("longer")),
+        fine_tune(&dir.path().join("longer")).args(["--block-size", "64"]),
         &["--block-size 64 contradicts", "block_size = 32"],
     );
 
