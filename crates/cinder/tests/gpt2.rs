@@ -92,6 +92,10 @@ fn write_safetensors(
                 .iter()
                 .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
                 .collect(),
+            Dtype::BF16 => v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -268,7 +272,7 @@ fn an_imported_model_gives_the_composite_models_logits() {
 }
 
 #[test]
-fn both_key_spellings_and_f16_load_alike() {
+fn both_key_spellings_and_half_precision_load_alike() {
     let dir = tempfile::tempdir().unwrap();
     let device = common::backend().device;
     let load = |prefix: &str, dtype: Dtype, name: &str| {
@@ -279,10 +283,12 @@ fn both_key_spellings_and_f16_load_alike() {
     let plain = load("", Dtype::F32, "plain");
     let prefixed = load("transformer.", Dtype::F32, "prefixed");
     assert_eq!(plain, prefixed);
-    // Half precision keeps about 3 decimal digits of these small values.
-    let f16 = load("transformer.", Dtype::F16, "f16");
-    let d = max_diff(&plain, &f16);
-    assert!(d > 0.0 && d < 1e-2, "F16 logits differ by {d}");
+    // Half precision keeps about 3 decimal digits of these small values, bfloat16 about 2.
+    for (dtype, tolerance) in [(Dtype::F16, 1e-2), (Dtype::BF16, 5e-2)] {
+        let half = load("transformer.", dtype, &format!("{dtype:?}"));
+        let d = max_diff(&plain, &half);
+        assert!(d > 0.0 && d < tolerance, "{dtype:?} logits differ by {d}");
+    }
 }
 
 #[test]
