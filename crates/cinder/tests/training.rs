@@ -356,3 +356,21 @@ fn a_stop_during_evaluation_does_not_wait_for_it() {
         3
     );
 }
+
+/// A new model's weights are drawn when first read. Asking the model its shape (as `train`'s
+/// start-up report does) must draw none, or the same seed would train another model.
+#[test]
+fn asking_a_new_model_its_shape_does_not_change_the_run() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let losses = |ask: bool| {
+        let mut t = trainer(tiny_config(), dir.path(), if ask { "ask" } else { "quiet" });
+        if ask {
+            let m = t.model();
+            assert_eq!((m.block_size(), m.n_layer()), (16, 2));
+            assert!(m.vocab_size() > 10);
+        }
+        (0..2).map(|_| t.step().loss).collect::<Vec<_>>()
+    };
+    assert_eq!(losses(true), losses(false));
+}

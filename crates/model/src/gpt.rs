@@ -171,12 +171,12 @@ impl Gpt {
 
     /// Longest context the model accepts.
     pub fn block_size(&self) -> usize {
-        self.wpe.weight.dims()[0]
+        self.wpe.weight.lazy_shape()[0]
     }
 
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
-        self.wte.weight.dims()[0]
+        self.wte.weight.lazy_shape()[0]
     }
 
     /// Number of blocks.
