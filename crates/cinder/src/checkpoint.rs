@@ -401,7 +401,14 @@ pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
 /// The tokenizer of the checkpoint `dir` (reading its `tokenizer.json`, checked, for BPE).
 pub fn load_tokenizer(dir: &Path, meta: &Meta) -> Result<Tokenizer, CheckpointError> {
     if is_gpt2(dir) {
-        return Ok(gpt2::read_config(dir)?.1);
+        // Its meta (from `gpt2::read_config`) names its tokenizer.json, which has no checksum.
+        return meta
+            .vocab
+            .load_from(dir)
+            .map_err(|reason| CheckpointError::Corrupt {
+                path: dir.join(TOKENIZER_JSON),
+                reason,
+            });
     }
     let json =
         match meta.vocab.file() {

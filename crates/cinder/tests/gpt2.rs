@@ -11,7 +11,7 @@ use cinder::checkpoint;
 use cinder::train::{BEST, LATEST};
 use cinder_data::BpeTokenizer;
 use cinder_model::{Activation, GptConfig, Ops};
-use common::{fails_with, stdout_of};
+use common::{fails_with, max_diff, stdout_of};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::json;
 
@@ -170,14 +170,6 @@ fn logits(model: &cinder_model::Gpt, device: &Device) -> Vec<f32> {
         .convert::<f32>()
         .try_to_vec()
         .unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -33,6 +33,15 @@ pub enum BpeError {
     VocabTooSmall(usize),
 }
 
+/// A tokenizer builder over `tokenizers`' dynamic parts (any model, normaliser, ...).
+type Builder = TokenizerBuilder<
+    ModelWrapper,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
 /// A BPE tokenizer and what cinder needs to know of it.
 #[derive(Clone)]
 pub struct BpeTokenizer {
@@ -73,20 +82,14 @@ impl BpeTokenizer {
             .build()
             .into();
         let byte_level = ByteLevel::default().add_prefix_space(false);
-        let mut tokenizer = TokenizerBuilder::<
-            ModelWrapper,
-            NormalizerWrapper,
-            PreTokenizerWrapper,
-            PostProcessorWrapper,
-            DecoderWrapper,
-        >::new()
-        .with_model(BPE::default().into())
-        .with_normalizer(None)
-        .with_pre_tokenizer(Some(byte_level.into()))
-        .with_post_processor(Some(byte_level.into()))
-        .with_decoder(Some(byte_level.into()))
-        .build()
-        .map_err(|e| BpeError::Train(e.to_string()))?;
+        let mut tokenizer = Builder::new()
+            .with_model(BPE::default().into())
+            .with_normalizer(None)
+            .with_pre_tokenizer(Some(byte_level.into()))
+            .with_post_processor(Some(byte_level.into()))
+            .with_decoder(Some(byte_level.into()))
+            .build()
+            .map_err(|e| BpeError::Train(e.to_string()))?;
         tokenizer
             .train(&mut trainer, texts)
             .map_err(|e| BpeError::Train(e.to_string()))?;
@@ -105,17 +108,11 @@ impl BpeTokenizer {
             .vocab_and_merges(vocab, Vec::new())
             .build()
             .map_err(|e| BpeError::Train(e.to_string()))?;
-        let tokenizer = TokenizerBuilder::<
-            ModelWrapper,
-            NormalizerWrapper,
-            PreTokenizerWrapper,
-            PostProcessorWrapper,
-            DecoderWrapper,
-        >::new()
-        .with_model(model.into())
-        .with_decoder(Some(Fuse::new().into()))
-        .build()
-        .map_err(|e| BpeError::Train(e.to_string()))?;
+        let tokenizer = Builder::new()
+            .with_model(model.into())
+            .with_decoder(Some(Fuse::new().into()))
+            .build()
+            .map_err(|e| BpeError::Train(e.to_string()))?;
         Ok(Self::wrap(tokenizer.into()))
     }
 

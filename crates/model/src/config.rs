@@ -66,16 +66,6 @@ pub enum Activation {
     GeluTanh,
 }
 
-impl Activation {
-    /// The name in config files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Gelu => "gelu",
-            Activation::GeluTanh => "gelu_tanh",
-        }
-    }
-}
-
 impl GptConfig {
     /// Checks every field; the error names the first field that is out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -224,3 +224,12 @@ pub fn make_format_1(dir: &Path) {
     assert!(fields["vocab"].is_array(), "format 1 has characters only");
     std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
 }
+
+/// The largest absolute difference between two equally long slices.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
