@@ -1,9 +1,10 @@
 //! Each kernel against a plain, obviously correct implementation (loops over the definitions),
-//! on small random inputs.
+//! and each backward pass against central differences of its forward, on small random inputs.
 
 use cinder_kernels::attention::{self, Shape};
 use cinder_kernels::layernorm::Norm;
-use cinder_kernels::{gelu, layernorm};
+use cinder_kernels::linear::{self, Linear};
+use cinder_kernels::{dropout, embedding, gelu, layernorm, loss};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -18,6 +19,44 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// `Σ y ⊙ r` in f64: the scalar objective whose gradient with respect to `y` is `r`.
+fn weighted_sum(y: &[f32], r: &[f32]) -> f64 {
+    assert_eq!(y.len(), r.len());
+    y.iter()
+        .zip(r)
+        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+        .sum()
+}
+
+/// Asserts that `grad` (a backward pass's output) is the gradient of `f` at `x`, element by
+/// element for the elements `at`: each is moved by ±1e-2 and the central difference of `f`
+/// (divided by the step f32 actually took) must agree to 2e-3, relative above 1.
+fn check_gradient(
+    what: &str,
+    f: impl Fn(&[f32]) -> f64,
+    x: &[f32],
+    grad: &[f32],
+    at: impl IntoIterator<Item = usize>,
+) {
+    assert_eq!(x.len(), grad.len(), "{what}: not the shape of its input");
+    let eps = 1e-2f32;
+    let mut moved = x.to_vec();
+    for i in at {
+        let (up, down) = (x[i] + eps, x[i] - eps);
+        moved[i] = up;
+        let f_up = f(&moved);
+        moved[i] = down;
+        let f_down = f(&moved);
+        moved[i] = x[i];
+        let numeric = (f_up - f_down) / (f64::from(up) - f64::from(down));
+        let analytic = f64::from(grad[i]);
+        assert!(
+            (numeric - analytic).abs() < 2e-3 * (1.0 + numeric.abs()),
+            "{what}[{i}]: finite differences {numeric}, backward {analytic}"
+        );
+    }
 }
 
 /// Causal attention straight from its definition, for one sequence and one head at a time.
@@ -82,29 +121,15 @@ fn attention_backward_matches_finite_differences() {
     };
     let qkv = random(s.seq * 3 * s.n_embd, 2);
     let r = random(s.seq * s.n_embd, 3); // loss = sum(y * r)
-    let loss = |qkv: &[f32]| -> f64 {
-        let y = naive_attention(qkv, s);
-        y.iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum()
-    };
+    let loss = |qkv: &[f32]| weighted_sum(&naive_attention(qkv, s), &r);
     let mut att = vec![0.0; s.n_head * s.seq * s.seq];
     let mut y = vec![0.0; s.seq * s.n_embd];
     attention::forward(&qkv, s, None, &mut att, &mut y);
     let mut dqkv = vec![0.0; qkv.len()];
     attention::backward(&r, &qkv, &att, s, None, &mut dqkv);
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    for _ in 0..40 {
-        let i = rng.random_range(0..qkv.len());
-        let eps = 1e-2;
-        let (mut up, mut down) = (qkv.clone(), qkv.clone());
-        up[i] += eps;
-        down[i] -= eps;
-        let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(eps));
-        let analytic = f64::from(dqkv[i]);
-        assert!(
-            (numeric - analytic).abs() < 2e-3 * (1.0 + numeric.abs()),
-            "element {i}: finite differences {numeric}, backward {analytic}"
-        );
-    }
+    let at: Vec<usize> = (0..40).map(|_| rng.random_range(0..qkv.len())).collect();
+    check_gradient("dqkv", loss, &qkv, &dqkv, at);
 }
 
 #[test]
@@ -135,7 +160,7 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
     assert!(max_diff(&out, &naive(&x)) < 1e-5);
 
     let r = random(n * c, 8); // loss = sum(out * r)
-    let loss = |x: &[f32]| -> f64 { naive(x).iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum() };
+    let loss = |x: &[f32]| weighted_sum(&naive(x), &r);
     let (mut dgamma, mut dbeta) = (vec![0.0; c], vec![0.0; c]);
     let mut dx = vec![0.0; n * c];
     layernorm::backward(
@@ -148,18 +173,7 @@ fn layernorm_matches_its_definition_and_its_backward_finite_differences() {
         Some(&mut dbeta),
         &mut dx,
     );
-    for i in (0..n * c).step_by(7) {
-        let eps = 1e-2;
-        let (mut up, mut down) = (x.clone(), x.clone());
-        up[i] += eps;
-        down[i] -= eps;
-        let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(eps));
-        assert!(
-            (numeric - f64::from(dx[i])).abs() < 2e-3 * (1.0 + numeric.abs()),
-            "x[{i}]: finite differences {numeric}, backward {}",
-            dx[i]
-        );
-    }
+    check_gradient("dx", loss, &x, &dx, (0..n * c).step_by(7));
     // dbeta is the column sum of the upstream gradient.
     let col: Vec<f32> = (0..c).map(|j| (0..n).map(|i| r[i * c + j]).sum()).collect();
     assert!(max_diff(&dbeta, &col) < 1e-5);
@@ -230,4 +244,191 @@ fn attention_backward_checks_every_buffer_length() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| good(&dy, &att)));
         assert!(result.is_err(), "a wrong length must be refused");
     }
+}
+
+#[test]
+fn linear_matches_its_definition_and_its_backward_finite_differences() {
+    // More rows than one block of the bias gradient's sum over rows (256).
+    let (n, d_in, d_out) = (260, 3, 5);
+    let x = random(n * d_in, 10);
+    let (weight, bias) = (random(d_in * d_out, 11), random(d_out, 12));
+    let r = random(n * d_out, 13); // loss = sum(y * r)
+    let forward = |x: &[f32], w: &[f32], b: &[f32]| {
+        let mut y = vec![0.0; n * d_out];
+        linear::forward(x, Linear::new(w, Some(b), d_out), &mut y);
+        y
+    };
+    let naive: Vec<f32> = (0..n * d_out)
+        .map(|k| {
+            let (i, j) = (k / d_out, k % d_out);
+            bias[j]
+                + (0..d_in)
+                    .map(|m| x[i * d_in + m] * weight[m * d_out + j])
+                    .sum::<f32>()
+        })
+        .collect();
+    assert!(max_diff(&forward(&x, &weight, &bias), &naive) < 1e-5);
+
+    let loss = |x: &[f32], w: &[f32], b: &[f32]| weighted_sum(&forward(x, w, b), &r);
+    // Stale values in the buffers: the backward writes its gradients, it does not add to them.
+    let (mut dx, mut dw, mut db) = (
+        vec![9.0; x.len()],
+        vec![9.0; weight.len()],
+        vec![9.0; d_out],
+    );
+    let l = Linear::new(&weight, Some(&bias), d_out);
+    linear::backward(&r, &x, l, Some(&mut dx), Some(&mut dw), Some(&mut db));
+    check_gradient("dx", |x| loss(x, &weight, &bias), &x, &dx, 0..x.len());
+    check_gradient("dw", |w| loss(&x, w, &bias), &weight, &dw, 0..dw.len());
+    check_gradient("db", |b| loss(&x, &weight, b), &bias, &db, 0..d_out);
+}
+
+/// `residual + x W + b` has the layer's gradients for x, W and b, and `dy` for the residual.
+#[test]
+fn linear_residual_forward_has_the_linear_backward() {
+    let (n, d_in, d_out) = (7, 4, 6);
+    let (x, weight, bias) = (
+        random(n * d_in, 14),
+        random(d_in * d_out, 15),
+        random(d_out, 16),
+    );
+    let (residual, r) = (random(n * d_out, 17), random(n * d_out, 18));
+    for bias in [Some(&bias[..]), None] {
+        let loss = |x: &[f32], w: &[f32], b: Option<&[f32]>, res: &[f32]| {
+            let mut out = vec![0.0; n * d_out];
+            linear::forward_residual(x, Linear::new(w, b, d_out), res, &mut out);
+            weighted_sum(&out, &r)
+        };
+        let (mut dx, mut dw, mut db) = (
+            vec![0.0; x.len()],
+            vec![0.0; weight.len()],
+            vec![0.0; d_out],
+        );
+        let l = Linear::new(&weight, bias, d_out);
+        linear::backward(
+            &r,
+            &x,
+            l,
+            Some(&mut dx),
+            Some(&mut dw),
+            bias.map(|_| &mut db[..]),
+        );
+        check_gradient(
+            "dx",
+            |x| loss(x, &weight, bias, &residual),
+            &x,
+            &dx,
+            0..x.len(),
+        );
+        check_gradient(
+            "dw",
+            |w| loss(&x, w, bias, &residual),
+            &weight,
+            &dw,
+            0..dw.len(),
+        );
+        if let Some(b) = bias {
+            check_gradient(
+                "db",
+                |b| loss(&x, &weight, Some(b), &residual),
+                b,
+                &db,
+                0..d_out,
+            );
+        }
+        let all = 0..residual.len();
+        check_gradient(
+            "dresidual",
+            |res| loss(&x, &weight, bias, res),
+            &residual,
+            &r,
+            all,
+        );
+    }
+}
+
+#[test]
+fn embedding_backward_matches_finite_differences() {
+    // Fewer tokens than rows, so most tokens' rows gather several rows' gradients; positions
+    // past `seq` get none.
+    let (batch, seq, vocab, block_size, c) = (3, 5, 4, 7, 6);
+    let mut rng = ChaCha8Rng::seed_from_u64(20);
+    let ids: Vec<u32> = (0..batch * seq)
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let (wte, wpe) = (random(vocab * c, 21), random(block_size * c, 22));
+    let r = random(batch * seq * c, 23); // loss = sum(out * r)
+    let loss = |wte: &[f32], wpe: &[f32]| {
+        let mut out = vec![0.0; batch * seq * c];
+        embedding::forward(&ids, seq, 0, wte, wpe, &mut out);
+        weighted_sum(&out, &r)
+    };
+    // The backward adds to its buffers: start them at 0.5 and take it off after.
+    let (mut dwte, mut dwpe) = (vec![0.5; wte.len()], vec![0.5; wpe.len()]);
+    embedding::backward(&r, &ids, seq, &mut dwte, &mut dwpe);
+    dwte.iter_mut().chain(&mut dwpe).for_each(|g| *g -= 0.5);
+    check_gradient("dwte", |wte| loss(wte, &wpe), &wte, &dwte, 0..wte.len());
+    check_gradient("dwpe", |wpe| loss(&wte, wpe), &wpe, &dwpe, 0..wpe.len());
+}
+
+#[test]
+fn loss_backward_matches_finite_differences() {
+    let (n, c, v) = (4, 6, 11);
+    let (x, wte) = (random(n * c, 30), random(v * c, 31));
+    let targets = [3u32, 0, 10, 3];
+    let scale = 0.75; // as for a loss divided over gradient-accumulation steps
+    let loss = |x: &[f32], wte: &[f32]| {
+        let mut probs = vec![0.0; n * v];
+        f64::from(scale) * f64::from(loss::forward(x, wte, &targets, &mut probs))
+    };
+    let mut probs = vec![0.0; n * v];
+    loss::forward(&x, &wte, &targets, &mut probs);
+    // Stale values in the buffers: the backward writes its gradients, it does not add to them.
+    let (mut dx, mut dwte) = (vec![9.0; x.len()], vec![9.0; wte.len()]);
+    loss::backward(&x, &wte, &targets, scale, &mut probs, &mut dx, &mut dwte);
+    check_gradient("dx", |x| loss(x, &wte), &x, &dx, 0..x.len());
+    check_gradient("dwte", |wte| loss(&x, wte), &wte, &dwte, 0..wte.len());
+}
+
+/// The backward pass (`apply` of `dy` without a residual) recomputes the forward's mask from
+/// the same seed.
+#[test]
+fn dropout_backward_matches_finite_differences_under_the_same_mask() {
+    // Past one rayon chunk (32 Ki elements): the second chunk's elements are numbered on.
+    let n = 40_000;
+    let mask = dropout::Mask {
+        p: 0.3,
+        seed: dropout::site_seed(7, &[3, 1]),
+    };
+    let (x, residual, r) = (random(n, 40), random(n, 41), random(n, 42)); // loss = sum(out * r)
+    let loss = |x: &[f32], residual: Option<&[f32]>| {
+        let mut out = vec![0.0; n];
+        dropout::apply(x, residual, mask, &mut out);
+        weighted_sum(&out, &r)
+    };
+    let backward = |mask| {
+        let mut dx = vec![0.0; n];
+        dropout::apply(&r, None, mask, &mut dx);
+        dx
+    };
+    let dx = backward(mask);
+    let dropped = dx.iter().filter(|&&g| g == 0.0).count();
+    assert!(
+        (n / 4..n * 7 / 20).contains(&dropped),
+        "{dropped} of {n} dropped at p = 0.3"
+    );
+    // Another seed drops other elements.
+    let other = backward(dropout::Mask {
+        seed: mask.seed + 1,
+        ..mask
+    });
+    assert!(dx.iter().zip(&other).filter(|(a, b)| a != b).count() > n / 4);
+
+    // Without a residual the forward runs the backward's own code, so a mask the backward
+    // gets wrong is caught by the forward with a residual.
+    let at: Vec<usize> = (0..n).step_by(97).chain(32_760..32_780).collect();
+    for res in [None, Some(&residual[..])] {
+        check_gradient("dx", |x| loss(x, res), &x, &dx, at.iter().copied());
+    }
+    check_gradient("dresidual", |res| loss(&x, Some(res)), &residual, &r, at);
 }
