@@ -4,7 +4,7 @@
 #   git worktree add ../base <commit> && (cd ../base && CARGO_TARGET_DIR=../target-base cargo build --release)
 #   scripts/ab_bench.sh ../target-base/release WHAT [ROUNDS]
 # WHAT: tiny | gpt6 | dropout | sample | sample6 | evaluate. Needs: cargo build --release.
-# The other build's flags are the same except the layer switch (--engine there, --ops here).
+# Both builds take the same flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$1; what=$2; rounds=${3:-3}

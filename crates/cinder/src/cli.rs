@@ -17,9 +17,19 @@ macro_rules! overrides {
         #[command(next_help_heading = "Config overrides (flag > config file > built-in default)")]
         pub struct Overrides {
             $(
-                #[arg(long, value_name = stringify!($ty), help = $help)]
+                #[arg(
+                    long,
+                    value_name = stringify!($ty),
+                    help = with_default($help, &TrainConfig::default().$field),
+                )]
                 pub $field: Option<$ty>,
             )*
+        }
+
+        /// Every field with a flag, and its built-in default as its help shows it.
+        pub fn flag_defaults() -> Vec<(&'static str, String)> {
+            let d = TrainConfig::default();
+            vec![$((stringify!($field), d.$field.to_string()),)*]
         }
 
         impl Overrides {
@@ -39,31 +49,36 @@ macro_rules! overrides {
 }
 
 overrides! {
-    max_iters: u64, "Optimiser steps in total [tiny_cpu: 2000]";
-    batch_size: usize, "Windows per micro-batch [tiny_cpu: 12]";
-    block_size: usize, "Context length in characters [tiny_cpu: 64]";
-    n_layer: usize, "Transformer blocks [tiny_cpu: 4]";
-    n_head: usize, "Attention heads per block; must divide n_embd [tiny_cpu: 4]";
-    n_embd: usize, "Embedding width [tiny_cpu: 128]";
-    dropout: f64, "Dropout probability while training, in [0, 1) [tiny_cpu: 0]";
-    bias: bool, "Biases in linear layers and LayerNorms [tiny_cpu: true]";
-    learning_rate: f64, "Peak learning rate [tiny_cpu: 1e-3]";
-    min_lr: f64, "Learning rate at the end of the cosine decay [tiny_cpu: 1e-4]";
-    warmup_iters: u64, "Linear warm-up steps [tiny_cpu: 100]";
-    lr_decay_iters: u64, "Step at which the decay reaches min_lr [tiny_cpu: 2000]";
-    weight_decay: f64, "AdamW weight decay on matrices [tiny_cpu: 0.1]";
-    beta1: f64, "AdamW beta1 [tiny_cpu: 0.9]";
-    beta2: f64, "AdamW beta2 [tiny_cpu: 0.99]";
-    grad_clip: f64, "Clip the global gradient norm to this; 0 disables [tiny_cpu: 1.0]";
-    gradient_accumulation_steps: usize, "Micro-batches per optimiser step [tiny_cpu: 1]";
-    eval_interval: u64, "Evaluate every this many steps [tiny_cpu: 250]";
-    eval_iters: usize, "Batches averaged per evaluation [tiny_cpu: 200]";
-    log_interval: u64, "Log the training loss every this many steps [tiny_cpu: 10]";
-    checkpoint_interval: u64, "Write latest/ every this many steps [tiny_cpu: 250]";
-    train_fraction: f64, "Leading fraction of the text used for training [tiny_cpu: 0.9]";
-    seed: u64, "Seed of the weights, batches and dropout [tiny_cpu: 1337]";
-    tokenizer: String, "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json [tiny_cpu: char]";
-    vocab_size: usize, "Tokens of the BPE that --tokenizer bpe trains [2048]";
+    max_iters: u64, "Optimiser steps in total";
+    batch_size: usize, "Windows per micro-batch";
+    block_size: usize, "Context length in tokens";
+    n_layer: usize, "Transformer blocks";
+    n_head: usize, "Attention heads per block; must divide n_embd";
+    n_embd: usize, "Embedding width";
+    dropout: f64, "Dropout probability while training, in [0, 1)";
+    bias: bool, "Biases in linear layers and LayerNorms";
+    learning_rate: f64, "Peak learning rate";
+    min_lr: f64, "Learning rate at the end of the cosine decay";
+    warmup_iters: u64, "Linear warm-up steps";
+    lr_decay_iters: u64, "Step at which the decay reaches min_lr";
+    weight_decay: f64, "AdamW weight decay on matrices";
+    beta1: f64, "AdamW beta1";
+    beta2: f64, "AdamW beta2";
+    grad_clip: f64, "Clip the global gradient norm to this; 0 disables";
+    gradient_accumulation_steps: usize, "Micro-batches per optimiser step";
+    eval_interval: u64, "Evaluate every this many steps";
+    eval_iters: usize, "Batches averaged per evaluation";
+    log_interval: u64, "Log the training loss every this many steps";
+    checkpoint_interval: u64, "Write latest/ every this many steps";
+    train_fraction: f64, "Leading fraction of the text used for training";
+    seed: u64, "Seed of the weights, batches and dropout";
+    tokenizer: String, "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json";
+    vocab_size: usize, "Tokens of the BPE that --tokenizer bpe trains (0: its default size), or the model's vocabulary padded beyond a tokenizer.json's (0: the file's)";
+}
+
+/// `help`, and the built-in default `value` of its field.
+fn with_default(help: &str, value: &impl std::fmt::Display) -> String {
+    format!("{help} [default: {value}]")
 }
 
 /// Fields a resumed run may change; the others come from the checkpoint.
@@ -174,7 +189,38 @@ pub fn exit_on_error(result: anyhow::Result<()>) {
 
 #[cfg(test)]
 mod tests {
+    use clap::{CommandFactory, Parser};
+
     use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        overrides: Overrides,
+    }
+
+    #[test]
+    fn help_shows_the_built_in_defaults() {
+        let help = Flags::command().render_help().to_string();
+        let defaults = flag_defaults();
+        assert_eq!(defaults.len(), 25, "every override has a flag");
+        for (field, value) in defaults {
+            let flag = format!("--{}", field.replace('_', "-"));
+            // clap wraps long help: the flag's entry runs to the next flag.
+            let entry = help
+                .split("  --")
+                .find(|e| e.starts_with(&flag[2..]) && e[flag.len() - 2..].starts_with(' '))
+                .unwrap_or_else(|| panic!("{flag} is in the help:\n{help}"));
+            let entry = entry.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(
+                entry.contains(&format!("[default: {value}]")),
+                "{flag}: {entry}"
+            );
+        }
+        let d = TrainConfig::default();
+        assert!(help.contains(&format!("[default: {}]", d.max_iters)));
+        assert!(help.contains(&format!("[default: {}]", d.learning_rate)));
+    }
 
     #[test]
     fn flags_override_config_and_are_reported() {

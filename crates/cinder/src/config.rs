@@ -100,7 +100,7 @@ impl Default for TrainConfig {
             dropout: 0.0,
             bias: true,
             activation: Activation::Gelu,
-            layer_norm_epsilon: 1e-5,
+            layer_norm_epsilon: cinder_model::LAYER_NORM_EPSILON,
             batch_size: 12,
             max_iters: 2000,
             learning_rate: 1e-3,

@@ -13,9 +13,7 @@ use cinder_data::{
 };
 
 use crate::config::{DEFAULT_BPE_VOCAB, TrainConfig};
-
-/// The folder, inside a run folder, where a run prepares its data when it needs token files.
-pub const PREPARED_DIR: &str = "data";
+use crate::storage::names::PREPARED;
 
 /// Why the data could not be made ready for training.
 #[derive(Debug, thiserror::Error)]
@@ -40,9 +38,12 @@ pub enum DataError {
     Tokenizer(String),
 }
 
-/// Which tokenizer a new run uses: `tokenizer` and `vocab_size` of the config.
+/// Which tokenizer a run uses: for a new run, `tokenizer` and `vocab_size` of the config; a
+/// resumed or fine-tuned run keeps its checkpoint's.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenizerChoice {
+    /// This one (a checkpoint's).
+    Keep(Box<Tokenizer>),
     /// The characters of the training text.
     Char,
     /// A byte-level BPE of this many tokens, trained on the training part of the text.
@@ -73,6 +74,7 @@ impl TokenizerChoice {
         progress: &mut dyn FnMut(&str, u64, u64),
     ) -> Result<Tokenizer, DataError> {
         Ok(match self {
+            TokenizerChoice::Keep(tokenizer) => tokenizer.as_ref().clone(),
             TokenizerChoice::Char => Tokenizer::Char(char_vocabulary(sources)?),
             TokenizerChoice::Bpe(vocab_size) => {
                 progress("training the BPE tokenizer", 0, 1);
@@ -100,13 +102,12 @@ pub struct TrainingData {
 
 impl TrainingData {
     /// The data of a run. `paths` are text files and folders of them, or a single prepared
-    /// folder. The tokenizer is `tokenizer` when given (a resumed or fine-tuned run keeps its
-    /// checkpoint's), else made as `choice` says. Characters are encoded in memory; any other
+    /// folder. The tokenizer is made as `choice` says (a prepared folder's must be the one
+    /// kept). Characters are encoded in memory; any other
     /// tokenizer goes through token files prepared in `run_dir`/data (`run_dir` `None`: an
     /// error for a tokenizer that needs them).
     pub fn open(
         paths: &[PathBuf],
-        tokenizer: Option<&Tokenizer>,
         choice: &TokenizerChoice,
         config: &TrainConfig,
         run_dir: Option<&Path>,
@@ -117,16 +118,15 @@ impl TrainingData {
             && prepared::is_prepared(dir)
         {
             let p = Prepared::open(dir, block)?;
-            if tokenizer.is_some_and(|t| *t != p.tokenizer) {
+            if let TokenizerChoice::Keep(t) = choice
+                && **t != p.tokenizer
+            {
                 return Err(DataError::OtherTokenizer(dir.clone()));
             }
             return Ok(Self::from_prepared(paths.to_vec(), p));
         }
         let sources = Sources::open(paths)?;
-        let tokenizer = match tokenizer {
-            Some(t) => t.clone(),
-            None => choice.make(&sources, fraction, progress)?,
-        };
+        let tokenizer = choice.make(&sources, fraction, progress)?;
         match tokenizer {
             Tokenizer::Char(_) => Self::in_memory(paths, &sources, tokenizer, fraction, block),
             Tokenizer::Bpe(_) => {
@@ -136,7 +136,7 @@ impl TrainingData {
                             .into(),
                     ));
                 };
-                let dir = run_dir.join(PREPARED_DIR);
+                let dir = run_dir.join(PREPARED);
                 let mut report = |done, total| progress("encoding", done, total);
                 prepared::prepare(&sources, &tokenizer, fraction, &dir, &mut report)?;
                 let p = Prepared::open(&dir, block)?;

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::data::ids_tensor;
-use crate::plot::{PlotError, register_font};
+use crate::run::plot::{PlotError, register_font};
 
 /// Attention weights of one text: `weights[layer][head][query][key]`, each row a causal
 /// distribution over the keys (zero after the query's position, summing to 1).

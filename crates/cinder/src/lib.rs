@@ -1,27 +1,26 @@
-//! cinder: train a character-level GPT on a text file, sample from it, resume exactly.
+//! cinder: train a GPT on a text file, sample from it, resume exactly.
 //!
 //! The model lives in `cinder-model`, the data pipeline in `cinder-data`; this crate holds the
-//! program: configuration, backend choice, the training loop, checkpoints and sampling. The
-//! binaries (`train`, `generate`) only parse arguments and report.
+//! program, by concern:
+//!
+//! - [`config`] and [`cli`]: the run configuration, and the flags that change it;
+//! - [`data`]: a run's text or prepared token files, and its tokenizer;
+//! - [`device`]: the backend;
+//! - [`run`]: starting, resuming and running training, and what it reports;
+//! - [`storage`]: file names, checkpoints, GPT-2 folders;
+//! - [`sampling`]: generating text;
+//! - [`inspect`]: attention maps.
+//!
+//! The binaries in `src/bin` only parse arguments and report.
 
-pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
 pub mod device;
-pub mod eval;
-pub mod faults;
-pub mod generate;
-pub mod gpt2;
 pub mod inspect;
-pub mod metrics;
-pub mod optim;
-pub mod plot;
-pub mod progress;
-pub mod run_folder;
+pub mod run;
 pub mod sampling;
-pub mod schedule;
-pub mod train;
+pub mod storage;
 
 /// Burn allocates and frees a buffer for every tensor operation. glibc's allocator hands large
 /// freed buffers back to the kernel and takes page faults to get them again; mimalloc keeps them

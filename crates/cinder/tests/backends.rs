@@ -8,13 +8,14 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use burn::prelude::*;
-use cinder::checkpoint;
 use cinder::config::TrainConfig;
 use cinder::data::ids_tensor;
 use cinder::device::Backend;
-use cinder::generate::{GenerateOptions, generate};
+use cinder::run::trainer::Trainer;
 use cinder::sampling::SamplingParams;
-use cinder::train::{LATEST, Trainer};
+use cinder::sampling::generate::{Decoder, GenerateOptions, generate};
+use cinder::storage::checkpoint;
+use cinder::storage::names::LATEST;
 use common::{corpus_in, tiny_config};
 
 fn gpu() -> Backend {
@@ -97,12 +98,23 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
         use_cache: true,
         tokens: 1000, // more than the vocabulary: every id may come
     };
-    for (written, reader) in [("gpu", &cpu), ("cpu", &gpu)] {
+    // Each checkpoint samples on both backends: the greedy text written on one backend, fed
+    // back through the other's cached decoding, gives the same next-token logits.
+    for written in ["gpu", "cpu"] {
         let ckpt = dir.path().join(written).join(LATEST);
         let meta = checkpoint::load_meta(&ckpt).unwrap();
-        let model = checkpoint::load_model(&ckpt, &meta, &reader.device).unwrap();
-        let text = generate(&model, &[1], &opts, &reader.device, |_, _| {});
+        let model_on = |b: &Backend| checkpoint::load_model(&ckpt, &meta, &b.device).unwrap();
+        let (on_cpu, on_gpu) = (model_on(&cpu), model_on(&gpu));
+        let text = generate(&on_gpu, &[1], &opts, &gpu.device, |_, _| {});
         assert_eq!(text[0].len(), 20);
+        let next = |model: &cinder_model::Gpt, b: &Backend| {
+            Decoder::new(model, true, &b.device).next_logits(&text)
+        };
+        let diff = max_diff(&next(&on_cpu, &cpu), &next(&on_gpu, &gpu));
+        assert!(
+            diff < 1e-3,
+            "{written} checkpoint: cached logits differ by {diff}"
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use burn::prelude::*;
-use cinder::checkpoint;
+use cinder::storage::checkpoint;
 use common::{corpus_in, fails_with, stdout_of, tiny_flags_with};
 
 fn bin(name: &str, dir: &Path) -> Command {

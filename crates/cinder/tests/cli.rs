@@ -158,7 +158,7 @@ fn sigterm_saves_latest_at_the_reported_iteration() {
         .parse()
         .unwrap();
     assert!(iter >= 5);
-    let meta = cinder::checkpoint::load_meta(&run.join("latest")).unwrap();
+    let meta = cinder::storage::checkpoint::load_meta(&run.join("latest")).unwrap();
     assert_eq!(meta.iter, iter);
 }
 
@@ -181,7 +181,7 @@ fn resume_continues_to_the_new_max_iters() {
     );
     assert!(out.contains("changed on resume: max_iters = 30"), "{out}");
     assert_eq!(
-        cinder::checkpoint::load_meta(&run.join("latest"))
+        cinder::storage::checkpoint::load_meta(&run.join("latest"))
             .unwrap()
             .iter,
         30

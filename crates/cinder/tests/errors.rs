@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use cinder::checkpoint;
+use cinder::storage::checkpoint;
 use common::{corpus_in, fails_with, tiny_flags, tiny_flags_with, trained_run};
 use predicates::str::contains;
 
@@ -301,7 +301,7 @@ fn diverging_loss_stops_with_an_error_and_keeps_the_checkpoint() {
         .unwrap()
         .parse()
         .unwrap();
-    let meta = cinder::checkpoint::load_meta(&run.join("latest")).unwrap();
+    let meta = cinder::storage::checkpoint::load_meta(&run.join("latest")).unwrap();
     assert!(
         meta.iter <= iter,
         "latest/ ({}) is from before the failure ({iter})",
@@ -342,7 +342,11 @@ fn help_lists_every_flag_with_its_default_and_version_works() {
     ] {
         assert!(help.contains(flag), "train --help lacks {flag}");
     }
-    assert!(help.contains("[tiny_cpu: 2000]") && help.contains("[default: configs/tiny_cpu.toml]"));
+    let max_iters = cinder::config::TrainConfig::default().max_iters;
+    assert!(
+        help.contains(&format!("[default: {max_iters}]"))
+            && help.contains("[default: configs/tiny_cpu.toml]")
+    );
     let help = common::stdout_of(generate(dir.path()).arg("--help"));
     for default in [
         "[default: 500]",

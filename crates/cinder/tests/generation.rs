@@ -2,8 +2,8 @@
 
 mod common;
 
-use cinder::generate::{Decoder, GenerateOptions, generate};
 use cinder::sampling::SamplingParams;
+use cinder::sampling::generate::{Decoder, GenerateOptions, generate};
 use cinder_model::{GptConfig, Ops};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

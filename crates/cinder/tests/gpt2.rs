@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use cinder::checkpoint;
-use cinder::train::{BEST, LATEST};
+use cinder::storage::checkpoint;
+use cinder::storage::names::{BEST, LATEST};
 use cinder_data::BpeTokenizer;
 use cinder_model::{Activation, GptConfig, Ops};
 use common::{fails_with, max_diff, stdout_of};
@@ -244,7 +244,7 @@ fn an_imported_model_gives_the_composite_models_logits() {
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
     let folder = dir.path().join("gpt2");
-    cinder::gpt2::export(&folder, &model, &config, &tok).unwrap();
+    cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap();
 
     let loaded = checkpoint::load(&folder, &[BEST, LATEST], &device).unwrap();
     assert_eq!(loaded.meta.config.activation, Activation::GeluTanh);
@@ -259,7 +259,7 @@ fn an_imported_model_gives_the_composite_models_logits() {
         layer_norm_epsilon: 1e-5,
         ..loaded.meta.config.model(tok.vocab_size())
     };
-    let other = cinder::gpt2::load_weights(&folder, &exact, &device).unwrap();
+    let other = cinder::storage::gpt2::load_weights(&folder, &exact, &device).unwrap();
     assert!(max_diff(&want, &logits(&other, &device)) > 1e-3);
 }
 
@@ -450,7 +450,7 @@ fn a_short_text_is_one_window() {
         .init(&device)
         .unwrap();
     let ids: Vec<u32> = vec![3, 1, 4, 1, 5, 9, 2, 6];
-    let result = cinder::eval::text_loss(&model, &ids, 4, &device, |_, _| {});
+    let result = cinder::run::eval::text_loss(&model, &ids, 4, &device, |_, _| {});
     assert_eq!(result.predicted, 7);
     let t = |v: &[u32]| {
         let v: Vec<i64> = v.iter().map(|&i| i64::from(i)).collect();

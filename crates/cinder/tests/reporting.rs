@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use assert_cmd::Command;
-use cinder::metrics;
+use cinder::run::metrics;
 use common::{corpus_in, tiny_flags_with};
 
 fn train(dir: &Path, flags: &[(&str, &str)]) -> Command {
@@ -32,14 +32,14 @@ fn metrics_file_is_well_formed_and_continues_across_a_resume() {
     )
     .assert()
     .success();
-    let text = std::fs::read_to_string(run.join(metrics::FILE)).unwrap();
+    let text = std::fs::read_to_string(run.join(cinder::storage::names::METRICS)).unwrap();
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
         Some("iter,train_loss,val_loss,eval_train_loss,lr,tokens_per_s,elapsed_s")
     );
     assert!(lines.all(|l| l.split(',').count() == 7), "{text}");
-    let rows = metrics::read(&run.join(metrics::FILE)).unwrap();
+    let rows = metrics::read(&run.join(cinder::storage::names::METRICS)).unwrap();
     let iters: Vec<u64> = rows.iter().map(|r| r.iter).collect();
     assert_eq!(iters, [2, 4, 5, 6, 8, 10, 12]);
     let evaluated: Vec<u64> = rows
@@ -52,7 +52,7 @@ fn metrics_file_is_well_formed_and_continues_across_a_resume() {
     // A crash after the last checkpoint (iteration 10... here: rows logged past it) is simulated by
     // resuming from best/ at iteration 12 after adding a stray row: resume drops rows beyond it.
     std::fs::write(
-        run.join(metrics::FILE),
+        run.join(cinder::storage::names::METRICS),
         format!("{text}14,1.0,,,1e-4,1.0,99.0\n"),
     )
     .unwrap();
@@ -64,7 +64,7 @@ fn metrics_file_is_well_formed_and_continues_across_a_resume() {
         .args(["--max-iters", "16"])
         .assert()
         .success();
-    let rows = metrics::read(&run.join(metrics::FILE)).unwrap();
+    let rows = metrics::read(&run.join(cinder::storage::names::METRICS)).unwrap();
     let iters: Vec<u64> = rows.iter().map(|r| r.iter).collect();
     assert_eq!(
         iters,

@@ -6,97 +6,13 @@ mod common;
 use std::path::Path;
 
 use assert_cmd::Command;
-use cinder::checkpoint;
-use common::{corpus_in, fails_with, stalled, tiny_flags, tiny_flags_with, trained_run};
+use cinder::storage::checkpoint;
+use common::{fails_with, snapshot, tiny_flags_with, trained_run};
 
 fn train(dir: &Path) -> Command {
     let mut cmd = Command::cargo_bin("train").unwrap();
     cmd.current_dir(dir);
     cmd
-}
-
-/// Every file under `dir` with its contents, to see that a refused command touched nothing.
-/// The lock file is left out: a trainer that finds the folder free holds it for a moment, and
-/// writes its process id there, before it refuses an old run.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut all = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if !path.ends_with(cinder::run_folder::LOCK) {
-                let bytes = std::fs::read(&path).unwrap();
-                all.push((path.display().to_string(), bytes));
-            }
-        }
-    }
-    all.sort();
-    all
-}
-
-#[test]
-fn a_second_trainer_is_refused_while_readers_read_and_kill_9_frees_the_folder() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let data = corpus_in(dir.path());
-    // The first trainer holds the folder, stalled in step 8 (latest/ was written at step 5).
-    let mut first = stalled(
-        std::process::Command::new(env!("CARGO_BIN_EXE_train"))
-            .current_dir(dir.path())
-            .arg("--data")
-            .arg(&data)
-            .args(tiny_flags())
-            .arg("--out")
-            .arg(&run),
-        "step:8",
-    );
-    let before = snapshot(&run);
-    let pid = first.id().to_string();
-    for extra in [&["--overwrite"][..], &[]] {
-        fails_with(
-            train(dir.path())
-                .arg("--data")
-                .arg(&data)
-                .args(tiny_flags())
-                .arg("--out")
-                .arg(&run)
-                .args(extra),
-            &["in use by another train process", &pid, "run"],
-        );
-    }
-    fails_with(
-        train(dir.path()).arg("--resume").arg(&run),
-        &["in use by another train process", &pid],
-    );
-    assert!(
-        snapshot(&run) == before,
-        "the refused trainers touched nothing"
-    );
-    // Readers are not locked out.
-    Command::cargo_bin("generate")
-        .unwrap()
-        .arg("--checkpoint")
-        .arg(&run)
-        .args(["--max-new-tokens", "5", "--quiet"])
-        .assert()
-        .success();
-    Command::cargo_bin("evaluate")
-        .unwrap()
-        .arg("--checkpoint")
-        .arg(&run)
-        .assert()
-        .success();
-
-    first.kill().unwrap(); // SIGKILL: the OS releases the lock
-    first.wait().unwrap();
-    train(dir.path())
-        .arg("--resume")
-        .arg(&run)
-        .arg("--quiet")
-        .assert()
-        .success();
 }
 
 #[test]
@@ -261,14 +177,13 @@ fn fine_tuning_starts_from_exactly_the_checkpoints_weights() {
     let tokenizer = checkpoint::load_tokenizer(&ckpt, &meta).unwrap();
     let data = cinder::data::TrainingData::open(
         &[dir.path().join("corpus.txt")],
-        Some(&tokenizer),
-        &cinder::data::TokenizerChoice::Char,
+        &cinder::data::TokenizerChoice::Keep(Box::new(tokenizer.clone())),
         &config,
         None,
         &mut |_, _, _| {},
     )
     .unwrap();
-    let mut t = cinder::train::Trainer::fine_tune(
+    let t = cinder::run::trainer::Trainer::fine_tune(
         &ckpt,
         &meta,
         config,
@@ -280,7 +195,7 @@ fn fine_tuning_starts_from_exactly_the_checkpoints_weights() {
     let base_model =
         checkpoint::load_model(&ckpt, &meta, &burn::prelude::Device::default()).unwrap();
     assert!(common::weights(t.model()) == common::weights(&base_model));
-    assert_eq!((t.iter, t.best_val_loss), (0, None));
+    assert_eq!((t.iter(), t.best_val_loss()), (0, None));
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! Crashes and a full disk, through the `train` binary: `kill -9` at chosen moments (held there
-//! by the test-only `CINDER_TEST_STALL`, see `cinder::faults`), and checkpoint writes that fail
-//! with ENOSPC (`CINDER_TEST_WRITE_BUDGET`). Each time the run folder stays loadable, and a
-//! resumed run ends with exactly the weights of a run never interrupted.
+//! Crashes, a full disk and a busy run folder, through the `train` binary: `kill -9` at chosen
+//! moments (held there by the test-only `CINDER_TEST_STALL`, see `cinder::storage::faults`), and
+//! checkpoint writes that fail with ENOSPC (`CINDER_TEST_WRITE_BUDGET`). Each time the run
+//! folder stays loadable, and a resumed run ends with exactly the weights of a run never
+//! interrupted. A trainer held mid-step keeps other trainers out of its folder, not readers.
+//! Built only with the `fault-injection` feature.
 //!
 //! The moments are drawn from a seed, printed; `CINDER_SOAK_SEED=<n>` replays a draw.
 
@@ -11,8 +13,8 @@ use std::path::Path;
 use std::process::Command;
 
 use burn::prelude::*;
-use cinder::checkpoint;
-use common::{corpus_in, stalled, tiny_config, tiny_flags_with};
+use cinder::storage::checkpoint;
+use common::{corpus_in, fails_with, snapshot, stalled, tiny_config, tiny_flags, tiny_flags_with};
 use rand::{Rng, SeedableRng};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_train");
@@ -171,4 +173,73 @@ fn a_full_disk_fails_cleanly_and_the_run_resumes() {
     );
 
     recovers(dir.path(), &run, &want, "after ENOSPC");
+}
+
+fn train_in(dir: &Path) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::cargo_bin("train").unwrap();
+    cmd.current_dir(dir);
+    cmd
+}
+
+#[test]
+fn a_second_trainer_is_refused_while_readers_read_and_kill_9_frees_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let data = corpus_in(dir.path());
+    // The first trainer holds the folder, stalled in step 8 (latest/ was written at step 5).
+    let mut first = stalled(
+        std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+            .current_dir(dir.path())
+            .arg("--data")
+            .arg(&data)
+            .args(tiny_flags())
+            .arg("--out")
+            .arg(&run),
+        "step:8",
+    );
+    let before = snapshot(&run);
+    let pid = first.id().to_string();
+    for extra in [&["--overwrite"][..], &[]] {
+        fails_with(
+            train_in(dir.path())
+                .arg("--data")
+                .arg(&data)
+                .args(tiny_flags())
+                .arg("--out")
+                .arg(&run)
+                .args(extra),
+            &["in use by another train process", &pid, "run"],
+        );
+    }
+    fails_with(
+        train_in(dir.path()).arg("--resume").arg(&run),
+        &["in use by another train process", &pid],
+    );
+    assert!(
+        snapshot(&run) == before,
+        "the refused trainers touched nothing"
+    );
+    // Readers are not locked out.
+    assert_cmd::Command::cargo_bin("generate")
+        .unwrap()
+        .arg("--checkpoint")
+        .arg(&run)
+        .args(["--max-new-tokens", "5", "--quiet"])
+        .assert()
+        .success();
+    assert_cmd::Command::cargo_bin("evaluate")
+        .unwrap()
+        .arg("--checkpoint")
+        .arg(&run)
+        .assert()
+        .success();
+
+    first.kill().unwrap(); // SIGKILL: the OS releases the lock
+    first.wait().unwrap();
+    train_in(dir.path())
+        .arg("--resume")
+        .arg(&run)
+        .arg("--quiet")
+        .assert()
+        .success();
 }

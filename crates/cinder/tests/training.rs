@@ -6,11 +6,12 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use burn::optim::GradientsParams;
-use cinder::checkpoint::{self, CheckpointError};
 use cinder::config::TrainConfig;
 use cinder::data::batch_tensors;
-use cinder::optim::AdamW;
-use cinder::train::{LATEST, Observer, Outcome, StepReport, Trainer};
+use cinder::run::optim::AdamW;
+use cinder::run::trainer::{Observer, Outcome, StepReport, Trainer};
+use cinder::storage::checkpoint::{self, CheckpointError};
+use cinder::storage::names::LATEST;
 use cinder_data::{Batcher, Split};
 use cinder_model::Ops;
 use common::{serial, tiny_config, weights};
@@ -19,7 +20,7 @@ use common::{serial, tiny_config, weights};
 #[derive(Default)]
 struct Losses(Vec<(u64, f32)>);
 impl Observer for Losses {
-    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::train::EvalReport>) {
+    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::run::trainer::EvalReport>) {
         self.0.push((s.iter, s.loss));
     }
 }
@@ -49,9 +50,9 @@ fn tiny_model_overfits_one_batch() {
         learning_rate: 3e-3,
         ..tiny_config()
     };
-    let mut t = trainer(config.clone(), dir.path(), "run");
-    let device = t.backend.device.clone().autodiff();
-    let batch = Batcher::new(1, 4, 16).batch(t.splits.get(Split::Train), Split::Train, 0, 0);
+    let t = trainer(config.clone(), dir.path(), "run");
+    let device = t.backend().device.clone().autodiff();
+    let batch = Batcher::new(1, 4, 16).batch(t.splits().get(Split::Train), Split::Train, 0, 0);
     let (x, y) = batch_tensors(&batch, &device);
     let mut model = t.model().clone();
     let mut optim = AdamW::new(&config, &model);
@@ -126,7 +127,7 @@ fn check_exact_resume(config: TrainConfig, ops: Ops) {
         "halves",
     )
     .with_ops(ops);
-    assert_eq!(second.iter, 8);
+    assert_eq!(second.iter(), 8);
     second.run(&mut losses, &stop).unwrap();
 
     assert_eq!(losses.0.len(), 16);
@@ -175,7 +176,7 @@ fn checkpoint_round_trip_keeps_weights_and_optimizer_state() {
     assert_eq!(weights(loaded.model()), weights(t.model()));
     // A fresh optimizer would not: AdamW's first step differs from its fourth.
     let mut fresh = resumed(|_| {}, dir.path(), &ckpt, "run");
-    fresh.optim = AdamW::new(&fresh.config.clone(), fresh.model());
+    fresh.restart_optimizer();
     fresh.step();
     assert_ne!(weights(fresh.model()), weights(t.model()));
 }

@@ -9,17 +9,36 @@ use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::ops::{self, Pass, Site};
+use crate::cache::{KvCache, LayerKv};
+#[cfg(feature = "flex")]
+use crate::ops::fused;
+use crate::ops::{self, Pass, Site, fused_or};
 
-/// Keys and values of one layer for the tokens already seen: `[B, H, T_seen, hs]` each.
-pub(crate) type LayerCache = Option<(Tensor<4>, Tensor<4>)>;
+/// What a pass through the blocks keeps besides the residual stream: the one switch between
+/// training and evaluation, cached sampling, and `inspect`'s attention maps.
+pub(crate) enum Keep<'a> {
+    /// Nothing: every position attends over the pass's own tokens (training, evaluation).
+    Nothing,
+    /// The tokens follow those in the cache, which is extended with theirs; only the last
+    /// position leaves the last block (the next token's logits are all a sampler needs).
+    Cache(&'a mut KvCache),
+    /// Every layer's attention weights, `[B, H, T, T]` each, are recorded (composite path).
+    Weights(&'a mut Vec<Tensor<4>>),
+}
 
-/// What the composite attention returns.
-pub(crate) struct AttentionOutput {
-    /// `[B, T, C]`: the mix of values, heads side by side (before the output projection).
-    pub y: Tensor<3>,
-    /// `[B, H, T, T_keys]`: the attention weights, when asked for.
-    pub weights: Option<Tensor<4>>,
+impl Keep<'_> {
+    /// The position of the pass's first token.
+    pub fn start(&self) -> usize {
+        match self {
+            Keep::Cache(cache) => cache.len(),
+            _ => 0,
+        }
+    }
+
+    /// Whether only the last position goes on after block `layer`'s attention.
+    fn last_only(&self, layer: usize) -> bool {
+        matches!(self, Keep::Cache(cache) if layer + 1 == cache.n_layer())
+    }
 }
 
 /// Masked multi-head self-attention.
@@ -43,66 +62,114 @@ impl CausalSelfAttention {
     /// # Shapes
     /// - x: `[B, T, C]` -> `[B, T, C]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let pass = Pass {
-            fused: false,
-            dropout: None,
-            eps: 0.0, // no LayerNorm in attention
-        };
-        let qkv = self.c_attn.forward(x);
-        self.c_proj
-            .forward(self.composite(qkv, None, false, pass).y)
+        let residual = x.zeros_like();
+        self.forward_pass(x, residual, Pass::composite(0.0), 0, &mut Keep::Nothing)
     }
 
-    /// `residual + attention(x)`, block `layer` of a pass.
+    /// `residual + attention(x)`, block `layer` of a pass, keeping what `keep` asks for.
     ///
     /// # Shapes
-    /// - x, residual: `[B, T, C]` -> `[B, T, C]`
+    /// - x, residual: `[B, T, C]` -> `[B, T, C]`, or `[B, 1, C]` when only the last position
+    ///   goes on ([`Keep::Cache`] in the last block)
     pub(crate) fn forward_pass(
         &self,
         x: Tensor<3>,
-        residual: Tensor<3>,
+        mut residual: Tensor<3>,
         pass: Pass,
         layer: usize,
+        keep: &mut Keep,
     ) -> Tensor<3> {
         let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, 3C)
-        let y = if pass.fused {
-            let mask = pass.mask(&self.attn_dropout, layer, Site::AttentionWeights);
-            ops::fused::attention(qkv, self.n_head, mask)
-        } else {
-            self.composite(qkv, None, false, pass).y
-        };
+        let last_only = keep.last_only(layer);
+        let mut y = self.mix(qkv, pass, layer, keep, last_only);
+        if last_only {
+            let t = residual.dims()[1];
+            residual = residual.narrow(1, t - 1, 1);
+            if y.dims()[1] != 1 {
+                y = y.narrow(1, t - 1, 1);
+            }
+        }
         let at = (layer, Site::AttentionOutput);
         ops::project_residual(&self.c_proj, &self.resid_dropout, y, residual, pass, at)
     }
 
-    /// The attention of the composite path on the `[B, T, 3C]` projection `qkv`, over the
-    /// cached keys and values of the tokens seen before (which these follow) when given; the
-    /// cache is extended with these tokens'.
-    pub(crate) fn composite(
+    /// The attention of block `layer` on the `[B, T, 3C]` projection `qkv`: `[B, T, C]`, the
+    /// heads side by side (`[B, 1, C]` may come back when `last_only`).
+    fn mix(
         &self,
         qkv: Tensor<3>,
-        cache: Option<&mut LayerCache>,
-        want_weights: bool,
         pass: Pass,
-    ) -> AttentionOutput {
+        layer: usize,
+        keep: &mut Keep,
+        last_only: bool,
+    ) -> Tensor<3> {
+        match keep {
+            Keep::Nothing => fused_or!(pass.fused,
+                fused => {
+                    let mask = pass.mask(&self.attn_dropout, layer, Site::AttentionWeights);
+                    fused::attention(qkv, self.n_head, mask)
+                },
+                composite => self.composite(qkv, None, pass).0,
+            ),
+            Keep::Cache(cache) => {
+                let start = cache.len();
+                let kv = cache.take(layer, &qkv);
+                let (y, kv) = fused_or!(pass.fused,
+                    fused => fused::cached_attention(qkv, kv, start, self.n_head, last_only),
+                    composite => self.composite_cached(qkv, kv, start, pass),
+                );
+                cache.put(layer, kv);
+                y
+            }
+            Keep::Weights(weights) => {
+                let (y, w) = self.composite(qkv, None, pass);
+                weights.push(w);
+                y
+            }
+        }
+    }
+
+    /// The composite attention over the keys and values of the tokens seen before (`kv`, the
+    /// cache's `[B, block, C]` buffers, `start` positions filled), which are written in.
+    fn composite_cached(
+        &self,
+        qkv: Tensor<3>,
+        (keys, values): LayerKv,
+        start: usize,
+        pass: Pass,
+    ) -> (Tensor<3>, LayerKv) {
+        let [b, t, c3] = qkv.dims();
+        let c = c3 / 3;
+        let write = |buffer: Tensor<3>, part: usize| {
+            let new = qkv.clone().narrow(2, part * c, c); // (B, T, C)
+            buffer.slice_assign([0..b, start..start + t, 0..c], new)
+        };
+        let (keys, values) = (write(keys, 1), write(values, 2));
+        let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, start + t);
+        let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), pass);
+        (y, (keys, values))
+    }
+
+    /// The composite attention of the `[B, T, 3C]` projection `qkv`: the mix `[B, T, C]` and
+    /// the weights `[B, H, T, T_keys]`. Its keys and values are `qkv`'s own, or `kv`,
+    /// `[B, T_keys, C]` each, which end with `qkv`'s.
+    fn composite(
+        &self,
+        qkv: Tensor<3>,
+        kv: Option<(Tensor<3>, Tensor<3>)>,
+        pass: Pass,
+    ) -> (Tensor<3>, Tensor<4>) {
         let [b, t, c3] = qkv.dims();
         let c = c3 / 3;
         let h = self.n_head;
         let hs = c / h;
-        let heads = |i: usize| {
-            qkv.clone()
-                .narrow(2, i * c, c)
-                .reshape([b, t, h, hs])
-                .swap_dims(1, 2) // (B, H, T, hs)
+        let heads = |x: Tensor<3>| {
+            let t = x.dims()[1];
+            x.reshape([b, t, h, hs]).swap_dims(1, 2) // (B, H, T, hs)
         };
-        let (q, mut k, mut v) = (heads(0), heads(1), heads(2));
-        if let Some(cache) = cache {
-            if let Some((k_seen, v_seen)) = cache.take() {
-                k = Tensor::cat(vec![k_seen, k], 2); // (B, H, T_keys, hs)
-                v = Tensor::cat(vec![v_seen, v], 2);
-            }
-            *cache = Some((k.clone(), v.clone()));
-        }
+        let part = |i: usize| qkv.clone().narrow(2, i * c, c);
+        let (k, v) = kv.unwrap_or_else(|| (part(1), part(2)));
+        let (q, k, v) = (heads(part(0)), heads(k), heads(v));
         let t_keys = k.dims()[2];
 
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hs as f64).sqrt()); // (B, H, T, T_keys)
@@ -115,9 +182,6 @@ impl CausalSelfAttention {
         let y = pass
             .composite_dropout(&self.attn_dropout, weights.clone())
             .matmul(v); // (B, H, T, hs)
-        AttentionOutput {
-            y: y.swap_dims(1, 2).reshape([b, t, c]), // (B, T, C): heads side by side
-            weights: want_weights.then_some(weights),
-        }
+        (y.swap_dims(1, 2).reshape([b, t, c]), weights) // (B, T, C): heads side by side
     }
 }

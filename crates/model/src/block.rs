@@ -3,7 +3,7 @@
 use burn::nn::LayerNorm;
 use burn::prelude::*;
 
-use crate::attention::CausalSelfAttention;
+use crate::attention::{CausalSelfAttention, Keep};
 use crate::mlp::Mlp;
 use crate::ops::{self, Pass};
 
@@ -17,13 +17,20 @@ pub struct Block {
 }
 
 impl Block {
-    /// Block `layer` of a pass.
+    /// Block `layer` of a pass, keeping what `keep` asks for.
     ///
     /// # Shapes
-    /// - x: `[B, T, C]` -> `[B, T, C]`
-    pub(crate) fn forward(&self, x: Tensor<3>, pass: Pass, layer: usize) -> Tensor<3> {
+    /// - x: `[B, T, C]` -> `[B, T, C]` (`[B, 1, C]` when only the last position goes on: see
+    ///   [`Keep::Cache`])
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<3>,
+        pass: Pass,
+        layer: usize,
+        keep: &mut Keep,
+    ) -> Tensor<3> {
         let h = ops::layer_norm(&self.ln_1, x.clone(), pass);
-        let x = self.attn.forward_pass(h, x, pass, layer);
+        let x = self.attn.forward_pass(h, x, pass, layer, keep);
         let h = ops::layer_norm(&self.ln_2, x.clone(), pass);
         self.mlp.forward(h, x, pass, layer)
     }

@@ -10,6 +10,10 @@ use crate::block::Block;
 use crate::gpt::Gpt;
 use crate::mlp::Mlp;
 
+/// The LayerNorms' epsilon unless a config says otherwise: GPT-2's, Hugging Face's default for
+/// GPT-2 folders, and Burn's.
+pub const LAYER_NORM_EPSILON: f64 = 1e-5;
+
 /// GPT-2 initialisation: weights are drawn from normal(0, 0.02).
 const INIT_STD: f64 = 0.02;
 
@@ -28,7 +32,7 @@ pub struct ConfigError {
 /// The architecture of a [`Gpt`].
 #[derive(Config, Debug, PartialEq)]
 pub struct GptConfig {
-    /// Number of distinct tokens (characters) the model reads and predicts.
+    /// Number of distinct tokens the model reads and predicts.
     pub vocab_size: usize,
     /// Longest context the model sees (number of learned positions).
     pub block_size: usize,
@@ -50,8 +54,8 @@ pub struct GptConfig {
     /// The MLP's GELU.
     #[config(default = "Activation::Gelu")]
     pub activation: Activation,
-    /// The epsilon of every LayerNorm (GPT-2's and Burn's default).
-    #[config(default = 1e-5)]
+    /// The epsilon of every LayerNorm.
+    #[config(default = "LAYER_NORM_EPSILON")]
     pub layer_norm_epsilon: f64,
 }
 

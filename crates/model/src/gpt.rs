@@ -5,9 +5,10 @@ use std::sync::OnceLock;
 use burn::nn::{Dropout, Embedding, LayerNorm};
 use burn::prelude::*;
 
+use crate::attention::Keep;
 use crate::block::Block;
 use crate::cache::KvCache;
-use crate::ops::{self, DropoutKey, Ops, Pass, Site};
+use crate::ops::{self, DropoutKey, Ops, Pass};
 
 /// A decoder-only transformer. Build it with [`crate::GptConfig::init`].
 #[derive(Module, Debug)]
@@ -36,16 +37,7 @@ impl Gpt {
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
         let pass = self.pass(&idx.device(), None);
-        let run = || {
-            let x = self.trunk(idx, pass);
-            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass)
-        };
-        // On one of rayon's threads, where the kernels' loops start without a hand-off.
-        if pass.fused {
-            rayon::scope(|_| run())
-        } else {
-            run()
-        }
+        in_pool(pass, || self.logits(idx, pass, &mut Keep::Nothing))
     }
 
     /// Mean cross-entropy of `targets` (the token after each of `idx`): the training objective.
@@ -60,38 +52,17 @@ impl Gpt {
         dropout: Option<DropoutKey>,
     ) -> Tensor<1> {
         let pass = self.pass(&idx.device(), dropout);
-        let x = self.trunk(idx, pass);
+        let x = self.trunk(idx, pass, &mut Keep::Nothing);
         ops::head_loss(&self.ln_f, &self.wte, x, targets, pass)
     }
 
     /// The forward pass that also returns every layer's attention weights, `[B, H, T, T]` each,
     /// on the composite path.
     pub fn forward_with_attention(&self, idx: Tensor<2, Int>) -> (Tensor<3>, Vec<Tensor<4>>) {
-        let pass = Pass {
-            fused: false,
-            dropout: None,
-            eps: self.layer_norm_epsilon as f32,
-        };
-        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, 0, pass);
+        let pass = Pass::composite(self.layer_norm_epsilon as f32);
         let mut weights = Vec::with_capacity(self.blocks.len());
-        for (layer, block) in self.blocks.iter().enumerate() {
-            let attn = &block.attn;
-            let qkv = ops::linear(
-                &attn.c_attn,
-                ops::layer_norm(&block.ln_1, x.clone(), pass),
-                pass,
-            );
-            let out = attn.composite(qkv, None, true, pass);
-            weights.extend(out.weights);
-            let at = (layer, Site::AttentionOutput);
-            x = ops::project_residual(&attn.c_proj, &attn.resid_dropout, out.y, x, pass, at);
-            let h = ops::layer_norm(&block.ln_2, x.clone(), pass);
-            x = block.mlp.forward(h, x, pass, layer);
-        }
-        (
-            ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass),
-            weights,
-        )
+        let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights));
+        (logits, weights)
     }
 
     /// Logits of the token after the last of `idx`, which follows the tokens already in `cache`;
@@ -105,14 +76,15 @@ impl Gpt {
     pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
         let [b, t_new] = idx.dims();
         assert!(
-            cache.len + t_new <= self.block_size(),
+            cache.len() + t_new <= self.block_size() && cache.block_size() == self.block_size(),
             "the cache holds at most block_size positions"
         );
         let pass = self.pass(&idx.device(), None);
         // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
         // threads costs more than they gain (measured in BENCHMARKS.md).
         const SMALL_PASS: usize = 200_000_000;
-        if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
+        let run = || self.logits(idx, pass, &mut Keep::Cache(cache)); // (B, 1, V)
+        let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
             static ONE_THREAD: OnceLock<rayon::ThreadPool> = OnceLock::new();
             let pool = ONE_THREAD.get_or_init(|| {
                 rayon::ThreadPoolBuilder::new()
@@ -120,52 +92,11 @@ impl Gpt {
                     .build()
                     .expect("a one-thread pool")
             });
-            pool.install(|| self.cached_pass(idx, cache, pass))
-        } else if pass.fused {
-            // On one of rayon's threads, where the kernels' loops start without a hand-off.
-            rayon::scope(|_| self.cached_pass(idx, cache, pass))
+            pool.install(run)
         } else {
-            self.cached_pass(idx, cache, pass)
-        }
-    }
-
-    fn cached_pass(&self, idx: Tensor<2, Int>, cache: &mut KvCache, pass: Pass) -> Tensor<2> {
-        let [b, t_new] = idx.dims();
-        let device = idx.device();
-        let start = cache.len;
-        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, start, pass);
-        for (layer, block) in self.blocks.iter().enumerate() {
-            let last_block = layer + 1 == self.blocks.len();
-            let attn = &block.attn;
-            let qkv = ops::linear(
-                &attn.c_attn,
-                ops::layer_norm(&block.ln_1, x.clone(), pass),
-                pass,
-            );
-            let mut y = if pass.fused {
-                let c = x.dims()[2];
-                let kv = cache.take_buffers(layer, [b, self.block_size(), c], &device);
-                let (y, kv) = ops::fused::cached_attention(qkv, kv, start, attn.n_head, last_block);
-                cache.buffers[layer] = Some(kv);
-                y // (B, 1, C) for the last block
-            } else {
-                attn.composite(qkv, Some(&mut cache.layers[layer]), false, pass)
-                    .y
-            };
-            if last_block {
-                // From here on only the last position matters.
-                x = x.narrow(1, t_new - 1, 1);
-                if y.dims()[1] != 1 {
-                    y = y.narrow(1, t_new - 1, 1);
-                }
-            }
-            let at = (layer, Site::AttentionOutput);
-            x = ops::project_residual(&attn.c_proj, &attn.resid_dropout, y, x, pass, at);
-            let h = ops::layer_norm(&block.ln_2, x.clone(), pass);
-            x = block.mlp.forward(h, x, pass, layer);
-        }
-        cache.len += t_new;
-        let logits = ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass); // (B, 1, V)
+            in_pool(pass, run)
+        };
+        cache.advance(t_new);
         logits.reshape([b, self.vocab_size()])
     }
 
@@ -217,12 +148,30 @@ impl Gpt {
         }
     }
 
-    /// Embeddings and blocks: the residual stream after the last block.
-    fn trunk(&self, idx: Tensor<2, Int>, pass: Pass) -> Tensor<3> {
-        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, 0, pass);
+    /// Embeddings and blocks: the residual stream after the last block. Every pass goes
+    /// through here; `keep` says what it keeps besides (a cache, attention weights).
+    fn trunk(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
+        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, keep.start(), pass);
         for (layer, block) in self.blocks.iter().enumerate() {
-            x = block.forward(x, pass, layer);
+            x = block.forward(x, pass, layer, keep);
         }
         x
+    }
+
+    /// The trunk, the final LayerNorm and the head: logits `[B, T, V]` (`[B, 1, V]` with a
+    /// cache).
+    fn logits(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
+        let x = self.trunk(idx, pass, keep);
+        ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass)
+    }
+}
+
+/// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
+/// start without a hand-off to the pool and back.
+fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
+    if pass.fused {
+        rayon::scope(|_| f())
+    } else {
+        f()
     }
 }

@@ -1,4 +1,4 @@
-//! The feed-forward half of a block: linear to 4 x n_embd, GELU, linear back, dropout.
+//! The feed-forward half of a block: linear to 4 x n_embd, the activation, linear back, dropout.
 
 use burn::nn::{Dropout, Linear};
 use burn::prelude::*;
@@ -11,7 +11,7 @@ use crate::ops::{self, Pass, Site};
 pub struct Mlp {
     /// `n_embd -> 4 * n_embd`.
     pub c_fc: Linear,
-    /// Which GELU (not part of the weights).
+    /// The activation between the two layers (not part of the weights).
     #[module(skip)]
     pub activation: Activation,
     /// `4 * n_embd -> n_embd`, a residual output projection.
@@ -32,7 +32,7 @@ impl Mlp {
         pass: Pass,
         layer: usize,
     ) -> Tensor<3> {
-        let h = ops::linear_gelu(&self.c_fc, self.activation, x, pass); // (B, T, 4C)
+        let h = ops::linear_activation(&self.c_fc, self.activation, x, pass); // (B, T, 4C)
         let at = (layer, Site::MlpOutput);
         ops::project_residual(&self.c_proj, &self.dropout, h, residual, pass, at) // (B, T, C)
     }

@@ -163,7 +163,7 @@ fn cached_logits_equal_full_forward() {
         let full = model.forward(ids(&[&tokens, &tokens], &device)); // (2, 8, V)
         let at = |t: usize| to_vec(full.clone().slice(s![.., t..=t, ..]));
         // Prompt of 3 tokens at once, then one token at a time.
-        let mut cache = KvCache::new(2);
+        let mut cache = KvCache::new(2, model.block_size());
         let prompt = ids(&[&tokens[..3], &tokens[..3]], &device);
         let mut cached = vec![to_vec(model.forward_cached(prompt, &mut cache))];
         let mut full_rows = vec![at(2)];

@@ -10,9 +10,9 @@ use cinder::cli::{OpsArg, Overrides, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::generate::{GenerateOptions, generate};
+use cinder::run::trainer::Trainer;
 use cinder::sampling::SamplingParams;
-use cinder::train::Trainer;
+use cinder::sampling::generate::{GenerateOptions, generate};
 use clap::{Parser, Subcommand};
 
 /// Time cinder's training step or its sampling; prints one JSON line.
@@ -49,16 +49,17 @@ enum Mode {
         #[arg(long, default_value_t = 50)]
         steps: usize,
     },
-    /// Characters per second sampling from a freshly initialised model (temperature 0.8)
+    /// Tokens per second sampling from a freshly initialised model (temperature 0.8)
     Sample {
-        /// Characters to generate
+        /// Tokens to generate
         #[arg(long, default_value_t = 500)]
         tokens: usize,
-        /// Re-run the whole context per character
+        /// Re-run the whole context per token
         #[arg(long)]
         no_cache: bool,
     },
-    /// Median time of each phase of Burn's training step: batch, forward, backward, clip, AdamW
+    /// Median time of each phase of the training step (the trainer's own report): batch,
+    /// forward and loss, backward, clipping and AdamW
     Breakdown {
         /// Timed steps
         #[arg(long, default_value_t = 30)]
@@ -100,7 +101,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             steps,
         } => {
             let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
-            out["ops"] = t.ops_name().into();
+            out["ops"] = t.ops().name().into();
             let params = t.model().num_params();
             for _ in 0..warmup_steps {
                 t.step();
@@ -140,19 +141,20 @@ fn run(args: Args) -> anyhow::Result<()> {
             let secs = start.elapsed().as_secs_f64();
             out["tokens"] = tokens.into();
             out["cache"] = (!no_cache).into();
-            out["ops"] = if model.ops.fused_on(&device) {
-                "fused"
-            } else {
-                "composite"
-            }
-            .into();
+            out["ops"] = model.ops.on(&device).name().into();
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {
-            let t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
-            let phases = breakdown(t, steps);
-            for (name, ms) in phases {
-                out[format!("{name}_ms")] = round(ms, 3).into();
+            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
+            out["ops"] = t.ops().name().into();
+            for _ in 0..3 {
+                t.step();
+            }
+            let reports: Vec<_> = (0..steps.max(1)).map(|_| t.step().phases).collect();
+            for (i, (name, _)) in reports[0].named().iter().enumerate() {
+                let mut ms: Vec<f64> = reports.iter().map(|p| p.named()[i].1 * 1e3).collect();
+                ms.sort_by(f64::total_cmp);
+                out[format!("{name}_ms")] = round(ms[ms.len() / 2], 3).into();
             }
         }
         Mode::Peak => {
@@ -162,9 +164,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             let mut times = Vec::new();
             for _ in 0..runs.max(1) {
                 let start = Instant::now();
-                let loaded = cinder::checkpoint::load(
+                let loaded = cinder::storage::checkpoint::load(
                     &checkpoint,
-                    &[cinder::train::BEST, cinder::train::LATEST],
+                    &[cinder::storage::names::BEST, cinder::storage::names::LATEST],
                     &backend.device,
                 )?;
                 // Weights are read into tensors by now; touch one to be sure nothing is lazy.
@@ -195,57 +197,12 @@ fn trainer(
     let out = std::env::temp_dir().join(format!("cinder-bench-{}", std::process::id()));
     let d = TrainingData::open(
         &[data.to_path_buf()],
-        None,
         &TokenizerChoice::of(config),
         config,
         Some(&out),
         &mut |_, _, _| {},
     )?;
     Ok(Trainer::new(config.clone(), backend.clone(), d, out)?)
-}
-
-/// Median milliseconds of each phase of the training step, in order.
-fn breakdown(mut t: Trainer, steps: usize) -> Vec<(&'static str, f64)> {
-    use burn::optim::GradientsParams;
-    use cinder::data::batch_tensors;
-    use cinder_data::{Batcher, Split};
-    let c = t.config.clone();
-    let device = t.backend.device.clone().autodiff();
-    let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
-    let mut model = t.model().clone();
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 4];
-    for it in 0..steps as u64 + 3 {
-        let mut lap = Instant::now();
-        let mut mark = |i: usize, times: &mut Vec<Vec<f64>>| {
-            if it >= 3 {
-                times[i].push(lap.elapsed().as_secs_f64() * 1e3);
-            }
-            lap = Instant::now();
-        };
-        let batch = batcher.batch(t.splits.get(Split::Train), Split::Train, 0, it);
-        let (x, y) = batch_tensors(&batch, &device);
-        mark(0, &mut times);
-        let key = cinder_model::DropoutKey {
-            seed: c.seed,
-            draw: it,
-        };
-        let loss = model.loss(x, y, Some(key));
-        let _ = loss.clone().into_scalar::<f32>();
-        mark(1, &mut times);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        mark(2, &mut times);
-        model = t.optim.step(1e-3, model, grads, c.grad_clip);
-        mark(3, &mut times);
-    }
-    let names = ["batch", "forward_loss", "backward", "clip_adamw"];
-    names
-        .iter()
-        .zip(times)
-        .map(|(n, mut v)| {
-            v.sort_by(f64::total_cmp);
-            (*n, v[v.len() / 2])
-        })
-        .collect()
 }
 
 /// Model FLOPs of one training step (forward and backward), as nanoGPT's `estimate_mfu` counts

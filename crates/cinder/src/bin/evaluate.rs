@@ -4,12 +4,12 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use cinder::checkpoint;
 use cinder::cli::{OpsArg, exit_on_error};
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::eval::text_loss;
-use cinder::train::{BEST, LATEST};
+use cinder::run::eval::text_loss;
+use cinder::storage::checkpoint;
+use cinder::storage::names::{BEST, LATEST};
 use cinder_data::{Corpus, Split, Tokenizer};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -88,8 +88,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             let data = TrainingData::open(
                 &paths,
-                Some(&tokenizer),
-                &TokenizerChoice::Char,
+                &TokenizerChoice::Keep(Box::new(tokenizer.clone())),
                 &meta.config,
                 None,
                 &mut |_, _, _| {},

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
-use cinder::train::{BEST, LATEST};
-use cinder::{checkpoint, gpt2};
+use cinder::storage::names::{BEST, LATEST};
+use cinder::storage::{checkpoint, gpt2};
 use clap::Parser;
 
 /// Write a cinder checkpoint as a Hugging Face GPT-2 folder: config.json, model.safetensors,

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use cinder::checkpoint;
 use cinder::cli::{OpsArg, exit_on_error};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::generate::{GenerateOptions, generate};
 use cinder::sampling::SamplingParams;
-use cinder::train::{BEST, LATEST};
+use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::storage::checkpoint;
+use cinder::storage::names::{BEST, LATEST};
 use cinder_data::{TextStream, Tokenizer};
 use clap::Parser;
 
@@ -33,16 +33,16 @@ struct Args {
     /// Drop prompt characters the vocabulary lacks (they are listed) instead of failing
     #[arg(long)]
     drop_unknown: bool,
-    /// Characters to generate per sample
+    /// Tokens to generate per sample
     #[arg(long, default_value_t = 500)]
     max_new_tokens: usize,
-    /// Softmax temperature; 0 always picks the most likely character (greedy)
+    /// Softmax temperature; 0 always picks the most likely token (greedy)
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
-    /// Sample only among the k most likely characters
+    /// Sample only among the k most likely tokens
     #[arg(long, default_value_t = 200)]
     top_k: usize,
-    /// Sample only among the most likely characters whose probabilities reach p, in (0, 1]
+    /// Sample only among the most likely tokens whose probabilities reach p, in (0, 1]
     #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     /// Number of samples, generated together as one batch
@@ -51,7 +51,7 @@ struct Args {
     /// Seed of the sampling; the same seed and options give the same text
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Re-run the whole context for every character instead of using the key/value cache
+    /// Re-run the whole context for every token instead of using the key/value cache
     #[arg(long)]
     no_cache: bool,
     /// Print only the generated text (no prompt echo, separators or summary)

@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use cinder::checkpoint;
 use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
 use cinder::inspect::AttentionMaps;
-use cinder::train::{BEST, LATEST};
+use cinder::storage::checkpoint;
+use cinder::storage::names::{BEST, LATEST};
 use clap::Parser;
 
 /// Show the attention weights of every layer and head of a checkpoint over a text.

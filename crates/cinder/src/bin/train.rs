@@ -1,27 +1,22 @@
 //! `train`: trains a GPT on a text file, or resumes a run from its checkpoint.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use burn::module::Module;
-use cinder::checkpoint;
-use cinder::cli::{OpsArg, Overrides, adopt_architecture, apply_on_resume, exit_on_error};
-use cinder::config::TrainConfig;
-use cinder::data::{TokenizerChoice, TrainingData};
+use cinder::cli::{OpsArg, Overrides, exit_on_error};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::metrics::{self, MetricsLog};
-use cinder::plot::LossPlot;
-use cinder::progress::{ConsoleObserver, Verbosity};
-use cinder::run_folder::{self, RunLock};
-use cinder::train::{BEST, LATEST, Outcome, Trainer};
+use cinder::run::metrics::{self, MetricsLog};
+use cinder::run::plot::LossPlot;
+use cinder::run::progress::{ConsoleObserver, Verbosity};
+use cinder::run::start::{self, DEFAULT_CONFIG, StartRequest};
+use cinder::run::trainer::Outcome;
+use cinder::storage::names::{self, BEST, LATEST};
 use clap::Parser;
 
-const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
-const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
-
-/// Train a character-level GPT on a text file, or resume a run from its checkpoint.
+/// Train a GPT on a text file, or resume a run from its checkpoint.
 ///
 /// With no arguments: trains configs/tiny_cpu.toml on data/tinyshakespeare.txt and writes
 /// checkpoints/tiny_cpu/ (best/ and latest/). Ctrl-C stops after the current step and saves
@@ -74,10 +69,10 @@ struct Args {
     overrides: Overrides,
 }
 
-fn ops_description(name: &str) -> &'static str {
-    match name {
-        "fused" => "cinder's fused CPU kernels, trained by Burn's autodiff",
-        _ => "Burn's composite operations, trained by Burn's autodiff",
+fn ops_description(ops: cinder_model::Ops) -> &'static str {
+    match ops {
+        cinder_model::Ops::Fused => "cinder's fused CPU kernels, trained by Burn's autodiff",
+        cinder_model::Ops::Composite => "Burn's composite operations, trained by Burn's autodiff",
     }
 }
 
@@ -103,14 +98,23 @@ fn run(args: Args) -> anyhow::Result<()> {
         backend.describe()
     ));
 
-    // The lock is held until the process ends.
-    let (trainer, _lock) = match &args.resume {
-        Some(from) => resume(&args, from, backend, &say)?,
-        None => start(&args, backend, &say)?,
+    let request = StartRequest {
+        config: args.config.clone(),
+        data: args.data.clone(),
+        out: args.out.clone(),
+        resume: args.resume.clone(),
+        init_from: args.init_from.clone(),
+        overwrite: args.overwrite,
+        overrides: args.overrides.clone(),
     };
+    // The lock is held until the process ends.
+    let (trainer, _lock) = start::open(&request, backend, &say)?;
     let mut trainer = trainer.with_ops(args.ops.into());
-    say(format!("layers: {}", ops_description(trainer.ops_name())));
-    let (tokens, rows) = (trainer.tokenizer.vocab_size(), trainer.model().vocab_size());
+    say(format!("layers: {}", ops_description(trainer.ops())));
+    let (tokens, rows) = (
+        trainer.tokenizer().vocab_size(),
+        trainer.model().vocab_size(),
+    );
     let padded = if rows > tokens {
         format!(" (padded to {rows} in the model)")
     } else {
@@ -119,8 +123,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     say(format!(
         "model: {} parameters, vocabulary {tokens} {}{padded}; run folder {}",
         trainer.model().num_params(),
-        trainer.tokenizer.unit(),
-        trainer.out_dir.display()
+        trainer.tokenizer().unit(),
+        trainer.out_dir().display()
     ));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -134,13 +138,13 @@ fn run(args: Args) -> anyhow::Result<()> {
     })
     .context("cannot install the Ctrl-C handler")?;
 
-    let c = &trainer.config;
-    let out = trainer.out_dir.clone();
-    let console = ConsoleObserver::new(verbosity, trainer.iter, c.max_iters, c.log_interval);
-    let metrics = MetricsLog::open(&out, trainer.iter, c.log_interval)?;
+    let c = trainer.config();
+    let out = trainer.out_dir().to_path_buf();
+    let console = ConsoleObserver::new(verbosity, trainer.iter(), c.max_iters, c.log_interval);
+    let metrics = MetricsLog::open(&out, trainer.iter(), c.log_interval)?;
     let plot = LossPlot {
         metrics: metrics.path().to_path_buf(),
-        png: out.join(run_folder::PLOT),
+        png: out.join(names::PLOT),
         title: format!(
             "cinder {}: {} layers, {} heads, {} wide, context {}",
             out.file_name()
@@ -152,7 +156,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         ),
     };
     let mut observer = (console, (metrics, plot));
-    let start_iter = trainer.iter;
+    let start_iter = trainer.iter();
     let outcome = trainer.run(&mut observer, &stop);
     let (console, (metrics, plot)) = observer;
     console.finish();
@@ -170,15 +174,15 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .filter_map(|r| r.val_loss.map(|v| (v, r.iter)))
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .map_or("-".into(), |(v, i)| format!("{v:.4} at iteration {i}"));
-            let iters = trainer.iter - start_iter;
+            let iters = trainer.iter() - start_iter;
             println!(
                 "done: {iters} iterations in {:.1} s ({} tokens seen); best val loss {best}",
                 console.elapsed(),
-                iters as usize * trainer.config.tokens_per_iter(),
+                iters as usize * trainer.config().tokens_per_iter(),
             );
             println!(
                 "checkpoints: {} and {}; metrics: {}; loss curve: {}",
-                out.join(cinder::train::BEST).display(),
+                out.join(BEST).display(),
                 out.join(LATEST).display(),
                 metrics.path().display(),
                 plot.png.display()
@@ -186,295 +190,4 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A new run from the config file and flags, or from a checkpoint's weights (`--init-from`).
-fn start(
-    args: &Args,
-    backend: Backend,
-    say: &dyn Fn(String),
-) -> anyhow::Result<(Trainer, RunLock)> {
-    let mut config = if args.config == Path::new(DEFAULT_CONFIG) && !args.config.exists() {
-        say(format!(
-            "{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"
-        ));
-        TrainConfig::default()
-    } else {
-        TrainConfig::load(&args.config)?
-    };
-    args.overrides.apply(&mut config);
-    if let Some(from) = &args.init_from {
-        config.init_from = Some(from.clone());
-    }
-    let name = args
-        .config
-        .file_stem()
-        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new("checkpoints").join(name));
-    let data_paths = if args.data.is_empty() {
-        vec![PathBuf::from(DEFAULT_DATA)]
-    } else {
-        args.data.clone()
-    };
-
-    // The checkpoint to start from, if any, gives the architecture and the vocabulary.
-    let init = match &config.init_from {
-        Some(from) => {
-            let dir = checkpoint::resolve(from, &[BEST, LATEST])
-                .with_context(|| format!("cannot start from {}", from.display()))?;
-            let meta = checkpoint::load_meta(&dir)?;
-            // A block size given by a flag or the config file may crop the model's context.
-            let crop_to = args
-                .overrides
-                .block_size
-                .or(config_file_block_size(&args.config));
-            adopt_architecture(&args.overrides, &mut config, &meta.config, crop_to)
-                .map_err(anyhow::Error::msg)?;
-            if config.block_size < meta.config.block_size {
-                say(format!(
-                    "cropping the model's context from {} to block_size = {} positions",
-                    meta.config.block_size, config.block_size
-                ));
-            }
-            say(format!(
-                "starting from the weights of {} (iteration {}); its architecture and vocabulary \
-                 are kept, the optimizer and schedule start afresh",
-                dir.display(),
-                meta.iter
-            ));
-            Some((dir, meta))
-        }
-        None => None,
-    };
-    config.validate()?;
-
-    let lock = RunLock::acquire(&out)?;
-    // Refuse an old run (or move it aside) before the data is read: a BPE run prepares its
-    // token files in the run folder.
-    if let Some(aside) = lock.clear_for_new_run(args.overwrite)? {
-        say(format!(
-            "moved the old run in {} aside into {}",
-            out.display(),
-            aside.display()
-        ));
-    }
-    say(format!(
-        "configuration ({}):\n{}",
-        args.config.display(),
-        indent(&config.to_toml())
-    ));
-    let mut progress = progress_lines(say);
-    let data = match &init {
-        Some((dir, meta)) => {
-            let tokenizer = checkpoint::load_tokenizer(dir, meta)?;
-            TrainingData::open(
-                &data_paths,
-                Some(&tokenizer),
-                &TokenizerChoice::of(&config),
-                &config,
-                Some(&out),
-                &mut progress,
-            )
-            .with_context(|| {
-                format!(
-                    "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's \
-                     tokenizer ({}, {} tokens); remove what it cannot encode from the text, or \
-                     train a new model on it without --init-from",
-                    dir.display(),
-                    show(&data_paths),
-                    tokenizer.name(),
-                    tokenizer.vocab_size()
-                )
-            })?
-        }
-        None => TrainingData::open(
-            &data_paths,
-            None,
-            &TokenizerChoice::of(&config),
-            &config,
-            Some(&out),
-            &mut progress,
-        )?,
-    };
-    report_data(&data, say);
-    let config_path = out.join(run_folder::CONFIG);
-    std::fs::write(&config_path, config.to_toml())
-        .with_context(|| format!("cannot write {}", config_path.display()))?;
-    let trainer = match &init {
-        Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
-        None => Trainer::new(config, backend, data, out)?,
-    };
-    Ok((trainer, lock))
-}
-
-/// The `block_size` the config file at `path` sets, if it sets one.
-fn config_file_block_size(path: &Path) -> Option<usize> {
-    let table: toml::Table = std::fs::read_to_string(path).ok()?.parse().ok()?;
-    let value = table.get("block_size")?.as_integer()?;
-    usize::try_from(value).ok()
-}
-
-/// A run continued from a checkpoint.
-fn resume(
-    args: &Args,
-    from: &Path,
-    backend: Backend,
-    say: &dyn Fn(String),
-) -> anyhow::Result<(Trainer, RunLock)> {
-    if checkpoint::is_gpt2(from) {
-        return Err(checkpoint::CheckpointError::NoTrainingState(from.to_path_buf()).into());
-    }
-    // The run folder: the checkpoint's parent, or the folder named while it has no checkpoint
-    // yet (a run just started, which its lock then reports).
-    let run = match checkpoint::resolve(from, &[LATEST, BEST]) {
-        Ok(dir) => dir
-            .parent()
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
-        Err(_) if from.is_dir() => from.to_path_buf(),
-        Err(e) => return Err(e.into()),
-    };
-    // The run folder is the checkpoint's unless --out says otherwise; lock it before anything.
-    let out = args.out.clone().unwrap_or_else(|| run.clone());
-    let lock = RunLock::acquire(&out)?;
-    if !same_folder(&out, &run) {
-        lock.clear_for_new_run(false)?;
-    }
-    // Read after locking: a trainer that held the folder may have written a newer one.
-    let dir = checkpoint::resolve(from, &[LATEST, BEST])?;
-    let meta = checkpoint::load_meta(&dir)?;
-    let mut config = meta.config.clone();
-    let changes = apply_on_resume(&args.overrides, &mut config).map_err(anyhow::Error::msg)?;
-    config.validate()?;
-    say(format!(
-        "resuming {} at iteration {} of {} (written by cinder {} on {})",
-        dir.display(),
-        meta.iter,
-        config.max_iters,
-        meta.cinder_version,
-        meta.backend
-    ));
-    for c in &changes {
-        say(format!("  changed on resume: {} = {}", c.field, c.value));
-    }
-    if meta.iter >= config.max_iters {
-        bail!(
-            "the checkpoint is already at iteration {} of max_iters {}: pass a larger \
-             --max-iters to train longer",
-            meta.iter,
-            config.max_iters
-        );
-    }
-    let data_paths = if args.data.is_empty() {
-        meta.data_paths()
-    } else {
-        args.data.clone()
-    };
-    let saved = checkpoint::load_tokenizer(&dir, &meta)?;
-    // A character run rebuilds its vocabulary from the text, to compare; a BPE run reads its
-    // prepared token files with its own tokenizer.
-    let imposed = match &saved {
-        cinder_data::Tokenizer::Char(_) => None,
-        other => Some(other),
-    };
-    let data = TrainingData::open(
-        &data_paths,
-        imposed,
-        &TokenizerChoice::Char,
-        &config,
-        Some(&out),
-        &mut progress_lines(say),
-    )
-    .with_context(|| {
-        if args.data.is_empty() && data_paths.iter().any(|p| !p.exists()) {
-            format!(
-                "the run's data {} is gone: if it moved, pass its new path with --data",
-                show(&data_paths)
-            )
-        } else {
-            format!("cannot read the run's data {}", show(&data_paths))
-        }
-    })?;
-    if let Some(trained_on) = meta.data_identity
-        && data.identity != trained_on
-    {
-        bail!(
-            "{} is not the text this run was trained on: the run read {trained_on}, the file now \
-             has {}. Resume with the original text (--data PATH if it moved), or start a new run \
-             from these weights on the new text: train --init-from {} --data {} --out NEW_FOLDER",
-            show(&data_paths),
-            data.identity,
-            dir.display(),
-            show(&data_paths)
-        );
-    }
-    if data.tokenizer != saved {
-        bail!(
-            "{} has a different vocabulary ({} {}) from the checkpoint's ({}): resume with the \
-             text the run was started on",
-            show(&data_paths),
-            data.tokenizer.vocab_size(),
-            data.tokenizer.unit(),
-            saved.vocab_size()
-        );
-    }
-    if meta.data_identity.is_none() {
-        say("  this checkpoint predates text checksums: only the vocabulary was checked".into());
-    }
-    report_data(&data, say);
-    let trainer = Trainer::resume(&dir, &meta, config, backend, data, out)?;
-    Ok((trainer, lock))
-}
-
-/// Whether two paths name the same folder (both exist when this is asked).
-fn same_folder(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
-}
-
-fn report_data(data: &TrainingData, say: &dyn Fn(String)) {
-    use cinder_data::Split;
-    let unit = data.tokenizer.unit();
-    say(format!(
-        "data: {} ({} {unit}: {} train, {} val; {} tokenizer of {} tokens; {})",
-        show(&data.paths),
-        data.splits.len(),
-        data.tokens(Split::Train),
-        data.tokens(Split::Val),
-        data.tokenizer.name(),
-        data.tokenizer.vocab_size(),
-        data.identity
-    ));
-}
-
-/// Paths for a message, comma-separated.
-fn show(paths: &[PathBuf]) -> String {
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Progress of a long data step (training a BPE, encoding) as a line every tenth.
-fn progress_lines(say: &dyn Fn(String)) -> impl FnMut(&str, u64, u64) + '_ {
-    let mut last = (String::new(), u64::MAX);
-    move |what: &str, done: u64, total: u64| {
-        let tenth = (done * 10).checked_div(total).unwrap_or(10);
-        if (what, tenth) != (last.0.as_str(), last.1) {
-            say(format!("{what}: {}%", tenth * 10));
-            last = (what.to_string(), tenth);
-        }
-    }
-}
-
-fn indent(text: &str) -> String {
-    text.lines()
-        .map(|l| format!("  {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }

@@ -47,16 +47,15 @@ pub fn new_trainer(
     config: TrainConfig,
     dir: &Path,
     out: &str,
-) -> Result<cinder::train::Trainer, cinder::train::TrainError> {
+) -> Result<cinder::run::trainer::Trainer, cinder::run::trainer::TrainError> {
     let data = training_data(&corpus_in(dir), &config);
-    cinder::train::Trainer::new(config, backend(), data, dir.join(out))
+    cinder::run::trainer::Trainer::new(config, backend(), data, dir.join(out))
 }
 
 /// The text at `path`, loaded for a run of `config`.
 pub fn training_data(path: &Path, config: &TrainConfig) -> cinder::data::TrainingData {
     cinder::data::TrainingData::open(
         &[path.to_path_buf()],
-        None,
         &cinder::data::TokenizerChoice::of(config),
         config,
         None,
@@ -144,7 +143,7 @@ pub fn weights(model: &impl Module) -> Vec<Vec<f32>> {
 }
 
 /// Starts `cmd` (a cinder binary) with the test-only `CINDER_TEST_STALL=<at>` (see
-/// `cinder::faults`) and returns it once it has stalled there, holding whatever it holds.
+/// `cinder::storage::faults`) and returns it once it has stalled there, holding whatever it holds.
 pub fn stalled(cmd: &mut Command, at: &str) -> Child {
     let mut child = cmd
         .env("CINDER_TEST_STALL", at)
@@ -232,4 +231,25 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Every file under `dir` with its contents, to see that a refused command touched nothing.
+/// The lock file is left out: a trainer that finds the folder free holds it for a moment, and
+/// writes its process id there, before it refuses an old run.
+pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut all = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if !path.ends_with(cinder::storage::names::LOCK) {
+                let bytes = std::fs::read(&path).unwrap();
+                all.push((path.display().to_string(), bytes));
+            }
+        }
+    }
+    all.sort();
+    all
 }

@@ -11,6 +11,7 @@ use cinder_kernels::dropout::{Mask, site_seed};
 
 use crate::Activation;
 
+pub mod adamw;
 #[cfg(feature = "flex")]
 pub mod fused;
 
@@ -26,9 +27,26 @@ pub enum Ops {
 }
 
 impl Ops {
-    /// Whether the fused layers run on `device`.
+    /// Whether the fused layers run on `device`: the one place that decides.
     pub fn fused_on(self, device: &Device) -> bool {
         self == Ops::Fused && has_fused(device)
+    }
+
+    /// The layers that run on `device`: `Fused` only where the backend has them.
+    pub fn on(self, device: &Device) -> Ops {
+        if self.fused_on(device) {
+            Ops::Fused
+        } else {
+            Ops::Composite
+        }
+    }
+
+    /// `"fused"` or `"composite"`, as in messages and benchmark output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ops::Fused => "fused",
+            Ops::Composite => "composite",
+        }
     }
 }
 
@@ -77,6 +95,15 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
+    /// A pass on the composite layers without dropout, with LayerNorm epsilon `eps`.
+    pub fn composite(eps: f32) -> Self {
+        Pass {
+            fused: false,
+            dropout: None,
+            eps,
+        }
+    }
+
     /// The fused mask of `dropout` at `site` of block `layer`, if it drops anything.
     pub fn mask(&self, dropout: &Dropout, layer: usize, site: Site) -> Option<Mask> {
         let key = self.dropout?;
@@ -96,48 +123,22 @@ impl Pass {
     }
 }
 
-// With the `flex` feature off, `pass.fused` is never set and these branches are never taken.
-#[cfg(not(feature = "flex"))]
-mod fused {
-    pub use super::unavailable::*;
+/// The fused version of an operation when `use_fused` (a pass's `fused`, or [`has_fused`]),
+/// else the composite one: the one place that knows whether the fused layers are compiled in.
+/// Without the `flex` feature the fused branch is not compiled, and `use_fused` is never true.
+macro_rules! fused_or {
+    ($use_fused:expr, fused => $fused:expr, composite => $composite:expr $(,)?) => {{
+        #[cfg(feature = "flex")]
+        let value = if $use_fused { $fused } else { $composite };
+        #[cfg(not(feature = "flex"))]
+        let value = {
+            let _ = $use_fused;
+            $composite
+        };
+        value
+    }};
 }
-#[cfg(not(feature = "flex"))]
-mod unavailable {
-    #![allow(unused_variables)]
-    use super::*;
-    const NONE: &str = "built without the flex feature";
-    pub fn embed(i: Tensor<2, Int>, a: Tensor<2>, b: Tensor<2>, s: usize) -> Tensor<3> {
-        unreachable!("{NONE}")
-    }
-    pub fn layer_norm<const D: usize>(
-        x: Tensor<D>,
-        g: Tensor<1>,
-        b: Option<Tensor<1>>,
-        e: f32,
-    ) -> Tensor<D> {
-        unreachable!("{NONE}")
-    }
-    pub fn linear<const D: usize>(
-        x: Tensor<D>,
-        w: Tensor<2>,
-        b: Option<Tensor<1>>,
-        r: Option<Tensor<D>>,
-    ) -> Tensor<D> {
-        unreachable!("{NONE}")
-    }
-    pub fn gelu<const D: usize>(x: Tensor<D>, b: Option<Tensor<1>>, t: bool) -> Tensor<D> {
-        unreachable!("{NONE}")
-    }
-    pub fn dropout<const D: usize>(x: Tensor<D>, r: Option<Tensor<D>>, m: Mask) -> Tensor<D> {
-        unreachable!("{NONE}")
-    }
-    pub fn head_loss(x: Tensor<3>, w: Tensor<2>, t: Tensor<2, Int>) -> Tensor<1> {
-        unreachable!("{NONE}")
-    }
-    pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
-        unreachable!("{NONE}")
-    }
-}
+pub(crate) use fused_or;
 
 /// Token plus position embeddings for tokens from position `start`, and the embedding dropout.
 ///
@@ -151,37 +152,42 @@ pub(crate) fn embed(
     start: usize,
     pass: Pass,
 ) -> Tensor<3> {
-    if pass.fused {
-        let x = fused::embed(idx, wte.weight.val(), wpe.weight.val(), start);
-        return match pass.mask(drop, 0, Site::Embedding) {
-            Some(mask) => fused::dropout(x, None, mask),
-            None => x,
-        };
-    }
-    let t = idx.dims()[1];
-    let device = idx.device();
-    let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device).reshape([1, t]);
-    let x = wte.forward(idx) + wpe.forward(pos); // (B, T, C) + (1, T, C)
-    pass.composite_dropout(drop, x)
+    fused_or!(pass.fused,
+        fused => {
+            let x = fused::embed(idx, wte.weight.val(), wpe.weight.val(), start);
+            match pass.mask(drop, 0, Site::Embedding) {
+                Some(mask) => fused::dropout(x, None, mask),
+                None => x,
+            }
+        },
+        composite => {
+            let t = idx.dims()[1];
+            let device = idx.device();
+            let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device)
+                .reshape([1, t]);
+            let x = wte.forward(idx) + wpe.forward(pos); // (B, T, C) + (1, T, C)
+            pass.composite_dropout(drop, x)
+        },
+    )
 }
 
 /// LayerNorm over the last dimension.
 pub(crate) fn layer_norm<const D: usize>(ln: &LayerNorm, x: Tensor<D>, pass: Pass) -> Tensor<D> {
-    if pass.fused {
-        let beta = ln.beta.as_ref().map(|b| b.val());
-        fused::layer_norm(x, ln.gamma.val(), beta, pass.eps)
-    } else {
-        ln.forward(x)
-    }
+    fused_or!(pass.fused,
+        fused => {
+            let beta = ln.beta.as_ref().map(|b| b.val());
+            fused::layer_norm(x, ln.gamma.val(), beta, pass.eps)
+        },
+        composite => ln.forward(x),
+    )
 }
 
 /// `x W + b`.
 pub(crate) fn linear<const D: usize>(l: &Linear, x: Tensor<D>, pass: Pass) -> Tensor<D> {
-    if pass.fused {
-        fused::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()), None)
-    } else {
-        l.forward(x)
-    }
+    fused_or!(pass.fused,
+        fused => fused::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()), None),
+        composite => l.forward(x),
+    )
 }
 
 /// A residual branch's output projection: `residual + dropout(x W + b)`.
@@ -193,36 +199,42 @@ pub(crate) fn project_residual<const D: usize>(
     pass: Pass,
     (layer, site): (usize, Site),
 ) -> Tensor<D> {
-    if !pass.fused {
-        return residual + pass.composite_dropout(drop, l.forward(x));
-    }
-    let bias = l.bias.as_ref().map(|b| b.val());
-    match pass.mask(drop, layer, site) {
-        Some(mask) => {
-            let y = fused::linear(x, l.weight.val(), bias, None);
-            fused::dropout(y, Some(residual), mask)
-        }
-        None => fused::linear(x, l.weight.val(), bias, Some(residual)),
-    }
+    fused_or!(pass.fused,
+        fused => {
+            let bias = l.bias.as_ref().map(|b| b.val());
+            match pass.mask(drop, layer, site) {
+                Some(mask) => {
+                    let y = fused::linear(x, l.weight.val(), bias, None);
+                    fused::dropout(y, Some(residual), mask)
+                }
+                None => fused::linear(x, l.weight.val(), bias, Some(residual)),
+            }
+        },
+        composite => {
+            let _ = (layer, site); // the composite path draws its masks from the device
+            residual + pass.composite_dropout(drop, l.forward(x))
+        },
+    )
 }
 
-/// `gelu(x W + b)`, with the GELU `activation`. The fused version adds the bias in the GELU's
-/// pass.
-pub(crate) fn linear_gelu<const D: usize>(
+/// `act(x W + b)`, with the MLP's `activation`. The fused version adds the bias in the
+/// activation's pass.
+pub(crate) fn linear_activation<const D: usize>(
     l: &Linear,
     activation: Activation,
     x: Tensor<D>,
     pass: Pass,
 ) -> Tensor<D> {
-    let tanh = activation == Activation::GeluTanh;
-    if pass.fused {
-        let h = fused::linear(x, l.weight.val(), None, None);
-        fused::gelu(h, l.bias.as_ref().map(|b| b.val()), tanh)
-    } else if tanh {
-        gelu_approximate(l.forward(x))
-    } else {
-        composite_gelu(l.forward(x))
-    }
+    fused_or!(pass.fused,
+        fused => {
+            let h = fused::linear(x, l.weight.val(), None, None);
+            fused::activation(h, l.bias.as_ref().map(|b| b.val()), activation)
+        },
+        composite => match activation {
+            Activation::Gelu => composite_gelu(l.forward(x)),
+            Activation::GeluTanh => gelu_approximate(l.forward(x)),
+        },
+    )
 }
 
 /// Final LayerNorm, the head tied to the token embedding, and the mean cross-entropy of
@@ -238,25 +250,31 @@ pub(crate) fn head_loss(
     pass: Pass,
 ) -> Tensor<1> {
     let x = layer_norm(ln_f, x, pass);
-    if pass.fused {
-        fused::head_loss(x, wte.weight.val(), targets)
-    } else {
-        cross_entropy(head(wte, x, pass), targets)
-    }
+    fused_or!(pass.fused,
+        fused => fused::head_loss(x, wte.weight.val(), targets),
+        composite => cross_entropy(head(wte, x, pass), targets),
+    )
 }
 
-/// The head tied to the token embedding: logits = x @ wteᵀ, for inference (no gradient: the
-/// fused version is an inference op).
+/// The head tied to the token embedding: logits = x @ wteᵀ. The fused version is an inference
+/// op (no gradient), so a pass with autodiff takes the composite one.
 ///
 /// # Shapes
 /// - x: `[B, T, C]` -> `[B, T, V]`
 pub(crate) fn head(wte: &Embedding, x: Tensor<3>, pass: Pass) -> Tensor<3> {
-    if pass.fused && !x.device().is_autodiff() {
-        return fused::head(x, wte.weight.val());
-    }
-    let w = wte.weight.val(); // (V, C)
-    let [v, c] = w.dims();
-    x.matmul(w.transpose().reshape([1, c, v]))
+    let composite = |x: Tensor<3>| {
+        let w = wte.weight.val(); // (V, C)
+        let [v, c] = w.dims();
+        x.matmul(w.transpose().reshape([1, c, v]))
+    };
+    fused_or!(pass.fused,
+        fused => if x.device().is_autodiff() {
+            composite(x)
+        } else {
+            fused::head(x, wte.weight.val())
+        },
+        composite => composite(x),
+    )
 }
 
 /// Mean negative log-likelihood of `targets` under `logits`.

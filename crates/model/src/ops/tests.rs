@@ -185,7 +185,7 @@ fn linear_and_its_residual_form_match_burn() {
 }
 
 #[test]
-fn linear_gelu_matches_burn() {
+fn linear_activation_matches_burn() {
     let cases = [
         (true, Activation::Gelu),
         (false, Activation::Gelu),
@@ -197,7 +197,11 @@ fn linear_gelu_matches_burn() {
         l.weight = randomise(&l.weight, 1);
         l.bias = l.bias.as_ref().map(|b| randomise(b, 2));
         let x = random([2, 7, 16], 5) * 3.0;
-        let case = |pass| run([x.clone()], |[x]| linear_gelu(&l, activation, x, pass));
+        let case = |pass| {
+            run([x.clone()], |[x]| {
+                linear_activation(&l, activation, x, pass)
+            })
+        };
         assert_close(
             &format!("{activation:?}, bias {bias}"),
             case(FUSED),
@@ -205,7 +209,7 @@ fn linear_gelu_matches_burn() {
             1e-4,
         );
         let grad_of = |pass| {
-            let y = linear_gelu(&l, activation, x.clone(), pass);
+            let y = linear_activation(&l, activation, x.clone(), pass);
             param_grads(y, &l.weight, l.bias.as_ref())
         };
         let d = max_diff(&grad_of(FUSED), &grad_of(COMPOSITE));
@@ -215,7 +219,7 @@ fn linear_gelu_matches_burn() {
         );
         // Inference (no autodiff) has its own fused GELU, in place.
         let (l, x) = (l.valid(), x.inner());
-        let infer = |pass| values(&linear_gelu(&l, activation, x.clone(), pass));
+        let infer = |pass| values(&linear_activation(&l, activation, x.clone(), pass));
         let d = max_diff(&infer(FUSED), &infer(COMPOSITE));
         assert!(
             d < 1e-4,

@@ -308,15 +308,6 @@ impl Kernel<4> for Linear {
 #[derive(Debug)]
 pub(super) struct Gelu(pub gelu::Kind);
 
-/// The kernels' GELU: the tanh approximation or the exact one.
-pub(super) fn gelu_kind(tanh: bool) -> gelu::Kind {
-    if tanh {
-        gelu::Kind::Tanh
-    } else {
-        gelu::Kind::Erf
-    }
-}
-
 impl Kernel<2> for Gelu {
     /// GELU's derivative at the input.
     type Saved = FlexTensor;

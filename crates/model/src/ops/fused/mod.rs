@@ -13,9 +13,12 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+use cinder_kernels::adamw::{self, Update};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::Mask;
 use cinder_kernels::{gelu, loss};
+
+use crate::Activation;
 
 mod kernels;
 use kernels::*;
@@ -44,9 +47,8 @@ pub trait Layers: burn::backend::Backend {
         bias: FloatTensor<Self>,
         residual: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
-    /// The GELU of `x + bias` (`bias`, added to each row: empty when absent): exact, or with
-    /// `tanh` the tanh approximation.
-    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+    /// The GELU `kind` of `x + bias` (`bias`, added to each row: empty when absent).
+    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: gelu::Kind) -> FloatTensor<Self>;
     /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
     /// the weights when `p > 0`.
     fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
@@ -84,8 +86,23 @@ pub trait Inference: burn::backend::Backend {
     fn head(x: FloatTensor<Self>, wte: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
+/// The optimizer's fused passes, on plain Flex.
+#[backend_extension(Flex)]
+pub trait Optim: burn::backend::Backend {
+    /// One AdamW step of a parameter: returns the parameter and its two moments.
+    fn adamw(
+        p: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        update: Update,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// `Σ x²`, `[1]` (summed in f64).
+    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Tensor-level entry points, for the model.
+// Tensor-level entry points, for the model and its optimizer.
 
 pub fn embed(ids: Tensor<2, Int>, wte: Tensor<2>, wpe: Tensor<2>, start: usize) -> Tensor<3> {
     Tensor::from_dispatch(<Dispatch as Layers>::embed(
@@ -135,12 +152,21 @@ fn or_empty<const D: usize>(
         .into_dispatch()
 }
 
-pub fn gelu<const D: usize>(x: Tensor<D>, bias: Option<Tensor<1>>, tanh: bool) -> Tensor<D> {
+/// The MLP's `activation` of `x + bias`.
+pub fn activation<const D: usize>(
+    x: Tensor<D>,
+    bias: Option<Tensor<1>>,
+    activation: Activation,
+) -> Tensor<D> {
+    let kind = match activation {
+        Activation::Gelu => gelu::Kind::Erf,
+        Activation::GeluTanh => gelu::Kind::Tanh,
+    };
     let device = x.device();
     Tensor::from_dispatch(<Dispatch as Layers>::gelu(
         x.into_dispatch(),
         or_empty(bias, &device),
-        tanh,
+        kind,
     ))
 }
 
@@ -198,8 +224,34 @@ pub fn cached_attention(
     (t(y), (t(k), t(v)))
 }
 
+/// One AdamW step of parameter `p` with gradient `g` and moments `m`, `v`: the new parameter
+/// and moments.
+pub fn adamw<const D: usize>(
+    p: Tensor<D>,
+    g: Tensor<D>,
+    m: Tensor<D>,
+    v: Tensor<D>,
+    update: Update,
+) -> (Tensor<D>, Tensor<D>, Tensor<D>) {
+    let (p, m, v) = <Dispatch as Optim>::adamw(
+        p.into_dispatch(),
+        g.into_dispatch(),
+        m.into_dispatch(),
+        v.into_dispatch(),
+        update,
+    );
+    let t = |x| Tensor::<D>::from_dispatch(x);
+    (t(p), t(m), t(v))
+}
+
+/// `Σ x²`.
+pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
+    Tensor::<1>::from_dispatch(<Dispatch as Optim>::sum_squares(x.into_dispatch()))
+        .into_scalar::<f64>()
+}
+
 // ---------------------------------------------------------------------------------------------
-// The two implementations.
+// The implementations.
 
 fn mask(p: f32, seed: u64) -> Option<Mask> {
     (p > 0.0).then_some(Mask { p, seed })
@@ -224,13 +276,12 @@ impl Layers for Flex {
     fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
         Linear.forward([x, w, b, r]).0
     }
-    fn gelu(x: FlexTensor, bias: FlexTensor, tanh: bool) -> FlexTensor {
+    fn gelu(x: FlexTensor, bias: FlexTensor, kind: gelu::Kind) -> FlexTensor {
         // Inference: the value alone, without the derivative the backward pass would need, in
         // place in the input's buffer (the linear layer's fresh output) when nothing else
         // holds it.
         let mut x = owned(x);
         let b = floats(&bias);
-        let kind = gelu_kind(tanh);
         gelu::forward_in_place(
             kind,
             x.storage_mut::<f32>(),
@@ -265,8 +316,8 @@ impl<C: CheckpointStrategy> Layers for Ad<C> {
     fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
         tracked::<_, C, 4>(Linear, [x, w, b, r])
     }
-    fn gelu(x: AdTensor<C>, bias: AdTensor<C>, tanh: bool) -> AdTensor<C> {
-        tracked::<_, C, _>(Gelu(gelu_kind(tanh)), [x, bias])
+    fn gelu(x: AdTensor<C>, bias: AdTensor<C>, kind: gelu::Kind) -> AdTensor<C> {
+        tracked::<_, C, _>(Gelu(kind), [x, bias])
     }
     fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
         let mask = mask(p, seed);
@@ -327,5 +378,31 @@ impl Inference for Flex {
         let mut out = zeros(xs.len() / c * v);
         loss::logits(&xs, &floats(&wte), c, &mut out);
         tensor(out, with_last(&shape, v))
+    }
+}
+
+impl Optim for Flex {
+    fn adamw(
+        p: FlexTensor,
+        g: FlexTensor,
+        m: FlexTensor,
+        v: FlexTensor,
+        update: Update,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        // In place where a tensor is not shared (the moments are the optimizer's own; the
+        // parameter may still be held by the model), else on a copy.
+        let [mut p, mut m, mut v] = [p, m, v].map(owned);
+        adamw::update(
+            p.storage_mut::<f32>(),
+            &floats(&g),
+            m.storage_mut::<f32>(),
+            v.storage_mut::<f32>(),
+            update,
+        );
+        (p, m, v)
+    }
+
+    fn sum_squares(x: FlexTensor) -> FlexTensor {
+        tensor(vec![adamw::sum_squares(&floats(&x)) as f32], [1])
     }
 }

@@ -9,31 +9,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use crate::{metrics, train};
-
-/// The lock file's name inside a run folder.
-pub const LOCK: &str = "train.lock";
-/// The run's resolved configuration, written when it starts.
-pub const CONFIG: &str = "config.toml";
-/// The loss curve, redrawn at each evaluation.
-pub const PLOT: &str = "loss.png";
-
-/// What a run writes into its folder (with the `.<name>.tmp` and `.<name>.old` siblings of
-/// checkpoints and files written atomically): what `--overwrite` moves aside.
-fn run_entries() -> Vec<String> {
-    let mut names = Vec::new();
-    for name in [train::LATEST, train::BEST, metrics::FILE] {
-        names.push(name.to_string());
-        names.push(format!(".{name}.tmp"));
-        names.push(format!(".{name}.old"));
-    }
-    names.extend([
-        CONFIG.to_string(),
-        PLOT.to_string(),
-        crate::data::PREPARED_DIR.to_string(),
-    ]);
-    names
-}
+use crate::storage::names::{self, LOCK};
 
 /// Why a run folder cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -128,14 +104,14 @@ impl RunLock {
     /// Returns that folder when something was moved.
     pub fn clear_for_new_run(&self, overwrite: bool) -> Result<Option<PathBuf>, RunFolderError> {
         let dir = &self.dir;
-        let present: Vec<String> = run_entries()
+        let present: Vec<String> = names::run_entries()
             .into_iter()
             .filter(|name| dir.join(name).symlink_metadata().is_ok())
             .collect();
         if present.is_empty() {
             return Ok(None);
         }
-        let aside = free_sibling(dir);
+        let aside = names::free_aside(dir);
         if !overwrite {
             return Err(RunFolderError::HoldsARun {
                 dir: dir.clone(),
@@ -154,17 +130,6 @@ impl RunLock {
         }
         Ok(Some(aside))
     }
-}
-
-/// `<dir>.old-<n>` for the first `n` from 1 that does not exist yet.
-fn free_sibling(dir: &Path) -> PathBuf {
-    let name = dir
-        .file_name()
-        .map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
-    (1..)
-        .map(|n| dir.with_file_name(format!("{name}.old-{n}")))
-        .find(|p| p.symlink_metadata().is_err())
-        .expect("some n is free")
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ impl<'a> Decoder<'a> {
     pub fn new(model: &'a Gpt, use_cache: bool, device: &Device) -> Self {
         Self {
             model,
-            cache: use_cache.then(|| KvCache::new(model.n_layer())),
+            cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
             device: device.clone(),
         }
     }

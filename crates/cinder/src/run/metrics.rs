@@ -4,10 +4,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::train::{EvalReport, Observer, StepReport};
+use crate::run::trainer::{EvalReport, Observer, StepReport};
+use crate::storage::names::{self, METRICS};
 
-/// The file's name inside a run folder.
-pub const FILE: &str = "metrics.csv";
 const HEADER: &str = "iter,train_loss,val_loss,eval_train_loss,lr,tokens_per_s,elapsed_s";
 
 /// One row: the state after `iter` iterations.
@@ -141,14 +140,14 @@ impl MetricsLog {
     /// twice; a new run (`iter` 0) starts the file afresh. A file that cannot be read is an
     /// error, not a reason to drop its history.
     pub fn open(run_dir: &Path, iter: u64, log_interval: u64) -> Result<Self, MetricsError> {
-        let path = run_dir.join(FILE);
+        let path = run_dir.join(METRICS);
         let kept: Vec<Row> = read(&path)?
             .into_iter()
             .filter(|r| r.iter <= iter)
             .collect();
         let offset_s = kept.last().map_or(0.0, |r| r.elapsed_s);
         // Rewrite the kept rows atomically, then append.
-        let tmp = run_dir.join(format!(".{FILE}.tmp"));
+        let tmp = names::tmp(&path);
         let mut text = format!("{HEADER}\n");
         for r in &kept {
             text.push_str(&r.to_csv());
@@ -254,7 +253,7 @@ mod tests {
         // A crash mid-write leaves half a row.
         log.file.write_all(b"5,2.0,,").unwrap();
         drop(log);
-        let path = dir.path().join(FILE);
+        let path = dir.path().join(METRICS);
         assert_eq!(read(&path).unwrap().len(), 4);
         let mut log = MetricsLog::open(dir.path(), 3, 1).unwrap();
         log.append(&row(4)).unwrap();
@@ -265,7 +264,7 @@ mod tests {
     #[test]
     fn a_damaged_file_is_refused_with_its_line_not_emptied() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE);
+        let path = dir.path().join(METRICS);
         let text = format!(
             "{HEADER}\n{}\nthis is not a row\n{}\n",
             row(1).to_csv(),

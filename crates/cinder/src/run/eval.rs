@@ -7,7 +7,7 @@ use cinder_model::Gpt;
 use crate::data::batch_tensors;
 
 /// `f` run on one of rayon's threads, where the kernels' parallel loops start without a hand-off
-/// (see [`crate::train::Trainer::step`]).
+/// (see [`crate::run::trainer::Trainer::step`]).
 pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }

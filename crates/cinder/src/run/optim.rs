@@ -1,22 +1,16 @@
 //! AdamW as nanoGPT configures it, with clipping of the global gradient norm, as one Burn
-//! optimizer: each parameter tensor's update is a single fused pass on the Flex (CPU) backend
-//! (`cinder_kernels::adamw`) and Burn's own AdamW arithmetic elsewhere. Its state is Burn's
-//! `AdamWState`, so checkpoints written with Burn's AdamW load unchanged.
+//! optimizer over the model: weight decay on matrices only, and each parameter tensor updated
+//! by the model's [`TensorAdamW`] (a single fused pass on the Flex backend, Burn's AdamW
+//! elsewhere).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use burn::backend::flex::FlexTensor;
-use burn::backend::tensor::FloatTensor;
-use burn::backend::{Dispatch, Flex, backend_extension};
 use burn::module::{ModuleVisitor, Param, ParamGroup, ParamId};
-use burn::optim::{
-    AdamWConfig, AdamWState, AdaptiveMomentumState, GradientsParams, LearningRate, ModuleOptimizer,
-    Optimizer,
-};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use cinder_kernels::adamw::{Update, sum_squares};
-use cinder_model::{Gpt, ops::has_fused};
+use cinder_model::Gpt;
+use cinder_model::ops::adamw::{TensorAdamW, sum_squares};
 
 use crate::config::TrainConfig;
 
@@ -38,16 +32,8 @@ impl AdamW {
     /// The optimizer of a run with the settings of `c`, for `model`'s parameters.
     pub fn new(c: &TrainConfig, model: &Gpt) -> Self {
         let grad_scale = Arc::new(AtomicU32::new(1.0f32.to_bits()));
-        let config = AdamWConfig::new()
-            .with_beta_1(c.beta1 as f32)
-            .with_beta_2(c.beta2 as f32)
-            .with_epsilon(EPSILON);
-        let tensor_update = |weight_decay: f32| TensorAdamW {
-            betas: (c.beta1 as f32, c.beta2 as f32, EPSILON),
-            weight_decay,
-            composite: config.clone().with_weight_decay(weight_decay).build(),
-            grad_scale: grad_scale.clone(),
-        };
+        let betas = (c.beta1 as f32, c.beta2 as f32, EPSILON);
+        let tensor_update = |decay: f32| TensorAdamW::new(betas, decay, grad_scale.clone());
         let module = ModuleOptimizer::from(tensor_update(c.weight_decay as f32)).with_group(
             ParamGroup::from_ids(vector_params(model)),
             tensor_update(0.0),
@@ -94,12 +80,7 @@ pub fn global_norm(model: &Gpt, grads: &GradientsParams) -> f64 {
     impl ModuleVisitor for Squares<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(p.id) {
-                let s = if has_fused(&g.device()) {
-                    Tensor::<1>::from_dispatch(<Dispatch as Fused>::sum_squares(g.into_dispatch()))
-                } else {
-                    g.square().sum()
-                };
-                self.sum += s.into_scalar::<f64>();
+                self.sum += sum_squares(g);
             }
         }
     }
@@ -108,128 +89,10 @@ pub fn global_norm(model: &Gpt, grads: &GradientsParams) -> f64 {
     sq.sum.sqrt()
 }
 
-/// AdamW's update of one tensor: a fused pass on Flex, Burn's `AdamW` elsewhere.
-#[derive(Clone)]
-struct TensorAdamW {
-    /// beta 1, beta 2, epsilon
-    betas: (f32, f32, f32),
-    weight_decay: f32,
-    composite: burn::optim::AdamW,
-    grad_scale: Arc<AtomicU32>,
-}
-
-impl Optimizer for TensorAdamW {
-    type State<const D: usize> = AdamWState<D>;
-
-    fn step<const D: usize>(
-        &self,
-        lr: LearningRate,
-        tensor: Tensor<D>,
-        grad: Tensor<D>,
-        state: Option<AdamWState<D>>,
-    ) -> (Tensor<D>, Option<AdamWState<D>>) {
-        let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
-        if !has_fused(&tensor.device()) {
-            let grad = if scale == 1.0 { grad } else { grad * scale };
-            return self.composite.step(lr, tensor, grad, state);
-        }
-        let (time, m, v) = match state {
-            Some(s) => (s.momentum.time, s.momentum.moment_1, s.momentum.moment_2),
-            None => (0, grad.zeros_like(), grad.zeros_like()),
-        };
-        let time = time + 1;
-        let u = Update::new(self.betas, self.weight_decay, lr, time, scale);
-        let (p, m, v) = <Dispatch as Fused>::adamw(
-            tensor.into_dispatch(),
-            grad.into_dispatch(),
-            m.into_dispatch(),
-            v.into_dispatch(),
-            u,
-        );
-        let (p, m, v) = (
-            Tensor::from_dispatch(p),
-            Tensor::from_dispatch(m),
-            Tensor::from_dispatch(v),
-        );
-        let momentum = AdaptiveMomentumState::new(time, m, v);
-        (p, Some(AdamWState::new(momentum)))
-    }
-
-    fn to_device<const D: usize>(state: AdamWState<D>, device: &Device) -> AdamWState<D> {
-        <burn::optim::AdamW as Optimizer>::to_device(state, device)
-    }
-}
-
-/// The optimizer's fused passes, on plain Flex.
-#[backend_extension(Flex)]
-trait Fused: burn::backend::Backend {
-    /// One AdamW step of a parameter: returns the parameter and its two moments.
-    fn adamw(
-        p: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        m: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        update: Update,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// `Σ x²`, `[1]`.
-    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
-}
-
-impl Fused for Flex {
-    fn adamw(
-        mut p: FlexTensor,
-        g: FlexTensor,
-        mut m: FlexTensor,
-        mut v: FlexTensor,
-        update: Update,
-    ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        // In place where a tensor is not shared (the moments are the optimizer's own; the
-        // parameter may still be held by the model), else on a copy.
-        for t in [&mut p, &mut m, &mut v] {
-            contiguous(t);
-        }
-        let g = contiguous_copy(&g);
-        cinder_kernels::adamw::update(
-            p.storage_mut::<f32>(),
-            &g,
-            m.storage_mut::<f32>(),
-            v.storage_mut::<f32>(),
-            update,
-        );
-        (p, m, v)
-    }
-
-    fn sum_squares(x: FlexTensor) -> FlexTensor {
-        let s = sum_squares(&contiguous_copy(&x)) as f32;
-        FlexTensor::from_data(TensorData::new(vec![s], [1]))
-    }
-}
-
-/// Makes `t` contiguous from offset 0, so that its storage is its values in order.
-fn contiguous(t: &mut FlexTensor) {
-    let plain = t.is_contiguous()
-        && t.as_slice::<f32>().map(<[f32]>::len) == Some(t.storage::<f32>().len());
-    if !plain {
-        *t = FlexTensor::from_data(t.clone().into_data());
-    }
-}
-
-/// The values of `t` in order (borrowed when it is contiguous).
-fn contiguous_copy(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-    match t.as_slice::<f32>() {
-        Some(s) => s.into(),
-        None => t
-            .clone()
-            .into_data()
-            .try_to_vec::<f32>()
-            .expect("f32")
-            .into(),
-    }
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use burn::module::Module;
+    use burn::optim::AdamWConfig;
     use cinder_model::GptConfig;
 
     use super::*;

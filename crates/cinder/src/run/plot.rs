@@ -6,10 +6,10 @@ use std::sync::Once;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::metrics::Row;
+use crate::run::metrics::Row;
 
 /// The font travels inside the binary: no system font is needed on a bare machine.
-const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 /// Why the plot could not be drawn.
 #[derive(Debug, thiserror::Error)]
@@ -114,12 +114,16 @@ pub struct LossPlot {
     pub title: String,
 }
 
-impl crate::train::Observer for LossPlot {
-    fn step(&mut self, _s: &crate::train::StepReport, eval: Option<&crate::train::EvalReport>) {
+impl crate::run::trainer::Observer for LossPlot {
+    fn step(
+        &mut self,
+        _s: &crate::run::trainer::StepReport,
+        eval: Option<&crate::run::trainer::EvalReport>,
+    ) {
         if eval.is_none() {
             return;
         }
-        let drawn = crate::metrics::read(&self.metrics)
+        let drawn = crate::run::metrics::read(&self.metrics)
             .map_err(|e| e.to_string())
             .and_then(|rows| draw(&rows, &self.title, &self.png).map_err(|e| e.to_string()));
         if let Err(e) = drawn {

@@ -155,7 +155,7 @@ pub fn read_config(dir: &Path) -> Result<(TrainConfig, Tokenizer), Gpt2Error> {
         block_size: hf.usize("n_positions", 1024)?,
         bias: true,
         activation,
-        layer_norm_epsilon: hf.f64("layer_norm_epsilon", 1e-5)?,
+        layer_norm_epsilon: hf.f64("layer_norm_epsilon", cinder_model::LAYER_NORM_EPSILON)?,
         // Dropout is a training setting: a run that starts from these weights sets its own.
         dropout: 0.0,
         tokenizer: tokenizer_path.display().to_string(),

@@ -9,18 +9,15 @@ use burn::prelude::*;
 use cinder_data::{Batcher, Split, Splits, TextIdentity, Tokenizer};
 use cinder_model::{DropoutKey, Gpt, Ops};
 
-use crate::checkpoint::{self, CheckpointError, Meta};
 use crate::config::TrainConfig;
 use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
-use crate::eval;
-use crate::faults;
-use crate::optim::AdamW;
-use crate::schedule::learning_rate;
-
-/// Names of the two checkpoints of a run folder.
-pub const LATEST: &str = "latest";
-pub const BEST: &str = "best";
+use crate::run::eval;
+use crate::run::optim::AdamW;
+use crate::run::schedule::learning_rate;
+use crate::storage::checkpoint::{self, CheckpointError, Meta};
+use crate::storage::faults;
+use crate::storage::names::{BEST, LATEST};
 
 /// Why training stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +72,33 @@ pub struct StepReport {
     /// Seconds this step took.
     pub seconds: f64,
     pub tokens: usize,
+    /// Seconds of each phase of the step, summed over its micro-batches.
+    pub phases: Phases,
+}
+
+/// Where a step's time goes (`bench breakdown` reports the medians).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Phases {
+    /// Drawing the batches and making their tensors.
+    pub batch: f64,
+    /// The forward pass and the loss, read back.
+    pub forward_loss: f64,
+    /// The backward pass and the accumulation of gradients.
+    pub backward: f64,
+    /// Clipping and the optimizer's update.
+    pub clip_adamw: f64,
+}
+
+impl Phases {
+    /// Each phase's name (as in `bench breakdown`'s JSON keys, less `_ms`) and seconds.
+    pub fn named(&self) -> [(&'static str, f64); 4] {
+        [
+            ("batch", self.batch),
+            ("forward_loss", self.forward_loss),
+            ("backward", self.backward),
+            ("clip_adamw", self.clip_adamw),
+        ]
+    }
 }
 
 /// One evaluation of both splits.
@@ -99,24 +123,24 @@ pub enum Outcome {
 
 /// A training run in progress: the model, its optimizer, its data, and where it writes.
 pub struct Trainer {
-    pub config: TrainConfig,
-    pub backend: Backend,
-    pub tokenizer: Tokenizer,
-    pub splits: Splits,
+    config: TrainConfig,
+    backend: Backend,
+    tokenizer: Tokenizer,
+    splits: Splits,
     /// The model on the autodiff device.
     model: Gpt,
     /// AdamW and its state.
-    pub optim: AdamW,
+    optim: AdamW,
     /// Iterations completed.
-    pub iter: u64,
-    pub best_val_loss: Option<f32>,
+    iter: u64,
+    best_val_loss: Option<f32>,
     /// The training data's paths, recorded in checkpoints so a resume finds them.
-    pub data_paths: Vec<PathBuf>,
+    data_paths: Vec<PathBuf>,
     /// The training text's size and checksum, recorded in checkpoints so a resume can tell
     /// that the text changed.
-    pub data_identity: TextIdentity,
+    data_identity: TextIdentity,
     /// The run folder: `latest/` and `best/` go inside.
-    pub out_dir: PathBuf,
+    out_dir: PathBuf,
 }
 
 impl Trainer {
@@ -220,18 +244,60 @@ impl Trainer {
         self
     }
 
-    /// Which layers run: `"fused"` (on a backend that has them) or `"composite"`.
-    pub fn ops_name(&self) -> &'static str {
-        if self.model.ops.fused_on(&self.backend.device) {
-            "fused"
-        } else {
-            "composite"
-        }
+    /// Which layers run: the fused ones (on a backend that has them) or the composite ones.
+    pub fn ops(&self) -> Ops {
+        self.model.ops.on(&self.backend.device)
     }
 
     /// The model with the latest weights.
-    pub fn model(&mut self) -> &Gpt {
+    pub fn model(&self) -> &Gpt {
         &self.model
+    }
+
+    /// The run's configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The backend the run trains on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The run's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The training and validation token ids.
+    pub fn splits(&self) -> &Splits {
+        &self.splits
+    }
+
+    /// The optimizer and its state.
+    pub fn optim(&self) -> &AdamW {
+        &self.optim
+    }
+
+    /// Starts the optimizer afresh (moments and step counts at zero), keeping the weights and
+    /// the iteration.
+    pub fn restart_optimizer(&mut self) {
+        self.optim = AdamW::new(&self.config, &self.model);
+    }
+
+    /// Iterations completed.
+    pub fn iter(&self) -> u64 {
+        self.iter
+    }
+
+    /// The best validation loss so far, if any evaluation ran.
+    pub fn best_val_loss(&self) -> Option<f32> {
+        self.best_val_loss
+    }
+
+    /// The run folder.
+    pub fn out_dir(&self) -> &Path {
+        &self.out_dir
     }
 
     /// Trains until `max_iters` or until `stop` is set, evaluating every `eval_interval`
@@ -298,6 +364,12 @@ impl Trainer {
 
     fn step_in_pool(&mut self) -> StepReport {
         let start = Instant::now();
+        let mut phases = Phases::default();
+        let mut lap = Instant::now();
+        let mut mark = |phase: &mut f64| {
+            *phase += lap.elapsed().as_secs_f64();
+            lap = Instant::now();
+        };
         let c = &self.config;
         let it = self.iter;
         let device = self.backend.device.clone().autodiff();
@@ -314,6 +386,7 @@ impl Trainer {
             let draw = it * accum as u64 + micro;
             let batch = batcher.batch(tokens, Split::Train, 0, draw);
             let (x, y) = batch_tensors(&batch, &device);
+            mark(&mut phases.batch);
             let key = DropoutKey { seed: c.seed, draw };
             let loss = self.model.loss(x, y, Some(key));
             let loss = if accum == 1 {
@@ -322,14 +395,17 @@ impl Trainer {
                 loss / accum as f64
             };
             loss_sum += loss.clone().into_scalar::<f32>();
+            mark(&mut phases.forward_loss);
             grads.accumulate(
                 &self.model,
                 GradientsParams::from_grads(loss.backward(), &self.model),
             );
+            mark(&mut phases.backward);
         }
         self.model = self
             .optim
             .step(lr, self.model.clone(), grads.grads(), c.grad_clip);
+        mark(&mut phases.clip_adamw);
         self.iter += 1;
         StepReport {
             iter: it,
@@ -337,16 +413,13 @@ impl Trainer {
             lr,
             seconds: start.elapsed().as_secs_f64(),
             tokens: c.tokens_per_iter(),
+            phases,
         }
     }
 
     /// Mean loss on both splits over `eval_iters` batches, in inference mode; `None` if `stop`
     /// was set meanwhile.
-    pub fn evaluate(
-        &mut self,
-        observer: &mut dyn Observer,
-        stop: &AtomicBool,
-    ) -> Option<EvalReport> {
+    pub fn evaluate(&self, observer: &mut dyn Observer, stop: &AtomicBool) -> Option<EvalReport> {
         let c = self.config.clone();
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
         let n = c.eval_iters;
@@ -380,7 +453,7 @@ impl Trainer {
 
     /// Writes the checkpoint `name` of the run folder.
     fn save(
-        &mut self,
+        &self,
         name: &str,
         val_loss: Option<f32>,
         observer: &mut dyn Observer,

@@ -1,0 +1,81 @@
+//! A checkpoint's `meta.json`: everything in it besides the tensors.
+
+use std::path::PathBuf;
+
+use cinder_data::tokenizer::TokenizerRecord;
+use cinder_data::{TextIdentity, Tokenizer};
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+
+/// The checkpoint layout this build writes; it reads this version and older ones.
+/// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
+/// and `data_paths`.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// Size and checksum of one file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub name: String,
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+/// Everything in a checkpoint besides the tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub format_version: u32,
+    pub cinder_version: String,
+    /// Backend the checkpoint was written with (`flex`, `ndarray`, `wgpu`).
+    pub backend: String,
+    /// Iterations completed: a resumed run continues with this iteration.
+    pub iter: u64,
+    /// Best validation loss seen so far, if any evaluation ran.
+    pub best_val_loss: Option<f32>,
+    /// Validation loss of this checkpoint's model at its iteration, if it was evaluated.
+    pub val_loss: Option<f32>,
+    pub config: TrainConfig,
+    /// The tokenizer: the characters inline, or a BPE in `tokenizer.json` beside.
+    pub vocab: TokenizerRecord,
+    /// The training text (the first, where there are several), as given to `train`.
+    pub data_path: PathBuf,
+    /// Every path of the training data (text files, folders, or a prepared folder); absent
+    /// before version 3, where `data_path` is the one text.
+    #[serde(default)]
+    pub data_paths: Vec<PathBuf>,
+    /// Size and checksum of the training text when the run read it (absent before version 2).
+    #[serde(default)]
+    pub data_identity: Option<TextIdentity>,
+    pub files: Vec<FileSum>,
+}
+
+impl Meta {
+    pub fn new(config: &TrainConfig, tokenizer: &Tokenizer, backend: &str, iter: u64) -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            cinder_version: env!("CARGO_PKG_VERSION").into(),
+            backend: backend.into(),
+            iter,
+            best_val_loss: None,
+            val_loss: None,
+            config: config.clone(),
+            vocab: tokenizer.record(),
+            data_path: PathBuf::new(),
+            data_paths: Vec::new(),
+            data_identity: None,
+            files: Vec::new(),
+        }
+    }
+
+    /// The training data's paths, as the run was given them.
+    /// None for a GPT-2 folder.
+    pub fn data_paths(&self) -> Vec<PathBuf> {
+        if self.data_paths.is_empty() && self.data_path.as_os_str().is_empty() {
+            Vec::new()
+        } else if self.data_paths.is_empty() {
+            vec![self.data_path.clone()]
+        } else {
+            self.data_paths.clone()
+        }
+    }
+}
