@@ -33,7 +33,7 @@ for i in $(seq "$rounds"); do
       s=$(date +%s.%N)
       /usr/bin/time -f '%M' -o /tmp/ab-rss "$bin/evaluate" --checkpoint "$ckpt" --split val -q >/dev/null
       e=$(date +%s.%N)
-      echo "{\"impl\": \"$impl\", \"seconds\": $(echo "$e - $s" | bc), \"maxrss_kb\": $(cat /tmp/ab-rss)}" | tee -a "$log"
+      echo "{\"impl\": \"$impl\", \"seconds\": $(awk "BEGIN { print $e - $s }"), \"maxrss_kb\": $(cat /tmp/ab-rss)}" | tee -a "$log"
     else
       /usr/bin/time -f '%M' -o /tmp/ab-rss "$bin/bench" "${args[@]}" > /tmp/ab-out
       sed "s/}\$/, \"impl\": \"$impl\", \"maxrss_kb\": $(cat /tmp/ab-rss)}/" /tmp/ab-out | tee -a "$log"

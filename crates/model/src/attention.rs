@@ -95,6 +95,7 @@ impl CausalSelfAttention {
 
     /// The attention of block `layer` on the `[B, T, 3C]` projection `qkv`: `[B, T, C]`, the
     /// heads side by side (`[B, 1, C]` may come back when `last_only`).
+    #[cfg_attr(not(feature = "flex"), allow(unused_variables))] // last_only: the fused path's
     fn mix(
         &self,
         qkv: Tensor<3>,

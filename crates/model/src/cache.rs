@@ -47,7 +47,7 @@ impl KvCache {
     }
 
     /// Number of layers.
-    pub(crate) fn n_layer(&self) -> usize {
+    pub fn n_layer(&self) -> usize {
         self.layers.len()
     }
 

@@ -76,7 +76,11 @@ impl Gpt {
     pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
         let [b, t_new] = idx.dims();
         assert!(
-            cache.len() + t_new <= self.block_size() && cache.block_size() == self.block_size(),
+            cache.n_layer() == self.n_layer() && cache.block_size() == self.block_size(),
+            "a cache made for another model (KvCache::new(model.n_layer(), model.block_size()))"
+        );
+        assert!(
+            cache.len() + t_new <= self.block_size(),
             "the cache holds at most block_size positions"
         );
         let pass = self.pass(&idx.device(), None);

@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 struct Args {
     /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
     /// Face GPT-2 folder
-    #[arg(long, default_value = "checkpoints/tiny_cpu")]
+    #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
     /// Text to measure on (UTF-8) [default: the run's own split, see --split]
     #[arg(long, value_name = "FILE")]

@@ -21,7 +21,7 @@ use clap::Parser;
 struct Args {
     /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
     /// Face GPT-2 folder
-    #[arg(long, default_value = "checkpoints/tiny_cpu")]
+    #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
     /// The text to look at
     #[arg(

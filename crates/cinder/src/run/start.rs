@@ -20,6 +20,10 @@ use crate::storage::names::{self, BEST, LATEST};
 pub const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
 /// The text a run trains on when none is named.
 pub const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
+/// Where run folders go when `--out` is not given: `<RUNS>/<config file name>`.
+pub const RUNS: &str = "checkpoints";
+/// The default run's folder, which the readers (`generate`, `evaluate`, ...) take by default.
+pub const DEFAULT_RUN: &str = "checkpoints/tiny_cpu";
 
 /// What `train` was asked for.
 #[derive(Debug, Clone)]
@@ -79,7 +83,7 @@ fn start_new(
     let out = req
         .out
         .clone()
-        .unwrap_or_else(|| Path::new("checkpoints").join(name));
+        .unwrap_or_else(|| Path::new(RUNS).join(name));
     let data_paths = if req.data.is_empty() {
         vec![PathBuf::from(DEFAULT_DATA)]
     } else {
@@ -340,4 +344,15 @@ fn indent(text: &str) -> String {
         .map(|l| format!("  {l}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_run_folder_is_the_default_configs() {
+        let stem = Path::new(DEFAULT_CONFIG).file_stem().unwrap();
+        assert_eq!(Path::new(DEFAULT_RUN), Path::new(RUNS).join(stem));
+    }
 }

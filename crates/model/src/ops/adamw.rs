@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use burn::optim::{AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, Optimizer};
+#[cfg(feature = "flex")]
+use burn::optim::AdaptiveMomentumState;
+use burn::optim::{AdamWConfig, AdamWState, LearningRate, Optimizer};
 use burn::prelude::*;
 pub use cinder_kernels::adamw::Update;
 
@@ -18,6 +20,7 @@ use super::{fused_or, has_fused};
 /// AdamW's update of one tensor, with the gradients multiplied by a factor shared by all the
 /// tensors of a step (global-norm clipping).
 #[derive(Clone)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))] // betas, weight_decay: the fused pass's
 pub struct TensorAdamW {
     /// beta 1, beta 2, epsilon
     betas: (f32, f32, f32),
@@ -85,7 +88,7 @@ impl Optimizer for TensorAdamW {
     }
 }
 
-/// `Σ x²` of a tensor, summed in f64 on the fused path.
+/// `Σ x²` of a tensor (summed in f64 on the fused path, and returned through f32 as before).
 pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
     fused_or!(has_fused(&x.device()),
         fused => fused::sum_squares(x),

@@ -75,8 +75,9 @@ pub struct DropoutKey {
     pub draw: u64,
 }
 
-/// The places a block applies dropout.
+/// The places a block applies dropout (the fused path's masks are keyed by them).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub(crate) enum Site {
     Embedding = 0,
     AttentionWeights = 1,
@@ -86,6 +87,7 @@ pub(crate) enum Site {
 
 /// How one forward pass runs.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))] // eps: the fused LayerNorm's
 pub(crate) struct Pass {
     pub fused: bool,
     /// Dropout applies (training) when set.
@@ -105,6 +107,7 @@ impl Pass {
     }
 
     /// The fused mask of `dropout` at `site` of block `layer`, if it drops anything.
+    #[cfg_attr(not(feature = "flex"), allow(dead_code))]
     pub fn mask(&self, dropout: &Dropout, layer: usize, site: Site) -> Option<Mask> {
         let key = self.dropout?;
         (dropout.prob > 0.0).then(|| Mask {

@@ -97,7 +97,7 @@ pub trait Optim: burn::backend::Backend {
         v: FloatTensor<Self>,
         update: Update,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// `Σ x²`, `[1]` (summed in f64).
+    /// `Σ x²`, `[1]` (summed in f64, stored as f32).
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
