@@ -1,6 +1,6 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
-use crate::config::{ARCHITECTURE, TrainConfig};
+use crate::config::{TrainConfig, architecture};
 
 /// A config field set from the command line: its name and new value, as text.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,7 +144,8 @@ pub fn adopt_architecture(
     let adopted = config.with_architecture_of(from);
     let (given, theirs) = (config.to_table(), adopted.to_table());
     let flags = overrides.apply(&mut TrainConfig::default());
-    for change in flags.iter().filter(|c| ARCHITECTURE.contains(&c.field)) {
+    let fields = architecture();
+    for change in flags.iter().filter(|c| fields.iter().any(|f| f == c.field)) {
         let cropped = change.field == "block_size" && crop_to.is_some();
         if given.get(change.field) != theirs.get(change.field) && !cropped {
             let theirs = theirs
@@ -157,7 +158,7 @@ pub fn adopt_architecture(
                 change.field.replace('_', "-"),
                 change.value,
                 change.field,
-                ARCHITECTURE.join(", ")
+                fields.join(", ")
             ));
         }
     }

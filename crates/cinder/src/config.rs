@@ -67,24 +67,32 @@ pub struct TrainConfig {
     /// (nanoGPT pads GPT-2's 50,257 tokens to 50,304); 0 for the tokenizer's own.
     pub vocab_size: usize,
     /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
-    /// architecture and vocabulary are then the checkpoint's ([`ARCHITECTURE`]).
+    /// architecture and vocabulary are then the checkpoint's ([`architecture`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
 }
 
 /// The fields that make the model's shape and its vocabulary: a checkpoint's weights fit only a
-/// model with the same values of all of them (and the same tokenizer).
-pub const ARCHITECTURE: &[&str] = &[
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "block_size",
-    "bias",
-    "activation",
-    "layer_norm_epsilon",
-    "tokenizer",
-    "vocab_size",
-];
+/// model with the same values of all of them (and the same tokenizer). They are read off the
+/// model's own configuration ([`GptConfig`]: every field but `dropout`, which holds no weights),
+/// so a new model option joins them by being a field of both configurations.
+pub fn architecture() -> Vec<String> {
+    let mut fields: Vec<String> = model_fields()
+        .into_iter()
+        .filter(|f| f != "dropout" && f != "vocab_size")
+        .collect();
+    fields.extend(["tokenizer", "vocab_size"].map(String::from));
+    fields
+}
+
+/// The names of [`GptConfig`]'s fields, which a [`TrainConfig`] has too.
+fn model_fields() -> Vec<String> {
+    toml::Table::try_from(GptConfig::new(1, 1))
+        .expect("a model config serialises")
+        .keys()
+        .cloned()
+        .collect()
+}
 
 /// Tokens of a BPE trained with `tokenizer = "bpe"` and no `vocab_size`.
 pub const DEFAULT_BPE_VOCAB: usize = 2048;
@@ -283,31 +291,33 @@ impl TrainConfig {
     }
 
     /// The model architecture for a tokenizer of `tokens` tokens: a vocabulary of as many, or of
-    /// `vocab_size` when it pads a tokenizer.json's.
+    /// `vocab_size` when it pads a tokenizer.json's. Every other field of [`GptConfig`] is this
+    /// configuration's field of the same name.
     pub fn model(&self, tokens: usize) -> GptConfig {
         let vocab_size = if self.tokenizer_is_file() {
             tokens.max(self.vocab_size)
         } else {
             tokens
         };
-        GptConfig::new(vocab_size, self.block_size)
-            .with_n_layer(self.n_layer)
-            .with_n_head(self.n_head)
-            .with_n_embd(self.n_embd)
-            .with_dropout(self.dropout)
-            .with_bias(self.bias)
-            .with_activation(self.activation)
-            .with_layer_norm_epsilon(self.layer_norm_epsilon)
+        let mine = self.to_table();
+        let mut table: toml::Table = model_fields()
+            .into_iter()
+            .filter_map(|f| Some((f.clone(), mine.get(&f)?.clone())))
+            .collect();
+        table.insert("vocab_size".into(), toml::Value::Integer(vocab_size as i64));
+        table
+            .try_into()
+            .expect("every field of the model's configuration is a field of the run's")
     }
 
-    /// This configuration with the [`ARCHITECTURE`] fields of `other`.
+    /// This configuration with the [`architecture`] fields of `other`.
     pub fn with_architecture_of(&self, other: &TrainConfig) -> TrainConfig {
         let mut table = self.to_table();
         let theirs = other.to_table();
-        for field in ARCHITECTURE {
-            match theirs.get(*field) {
-                Some(v) => table.insert(field.to_string(), v.clone()),
-                None => table.remove(*field),
+        for field in architecture() {
+            match theirs.get(&field) {
+                Some(v) => table.insert(field, v.clone()),
+                None => table.remove(&field),
             };
         }
         table.try_into().expect("a config's fields round-trip")
@@ -362,6 +372,35 @@ mod tests {
         assert_eq!(finetune.init_from.as_deref(), Some(Path::new("gpt2")));
         assert_eq!((finetune.block_size, finetune.batch_size), (256, 4));
         finetune.validate().unwrap();
+    }
+
+    #[test]
+    fn the_model_config_is_the_run_configs_fields() {
+        let c = TrainConfig {
+            n_layer: 3,
+            n_head: 2,
+            n_embd: 24,
+            block_size: 16,
+            dropout: 0.1,
+            bias: false,
+            activation: Activation::GeluTanh,
+            layer_norm_epsilon: 1e-6,
+            ..TrainConfig::default()
+        };
+        let expected = GptConfig::new(7, 16)
+            .with_n_layer(3)
+            .with_n_head(2)
+            .with_n_embd(24)
+            .with_dropout(0.1)
+            .with_bias(false)
+            .with_activation(Activation::GeluTanh)
+            .with_layer_norm_epsilon(1e-6);
+        assert_eq!(c.model(7), expected);
+        let mut fields = architecture();
+        fields.sort();
+        let expected = "activation bias block_size layer_norm_epsilon n_embd n_head n_layer \
+                        tokenizer vocab_size";
+        assert_eq!(fields.join(" "), expected);
     }
 
     #[test]
