@@ -5,9 +5,6 @@ use rayon::prelude::*;
 use crate::rows;
 use crate::simd::{add_assign, dot, multiversion, sum};
 
-/// Burn's (and PyTorch's, and GPT-2's) default epsilon.
-pub const EPS: f32 = 1e-5;
-
 /// A LayerNorm's parameters: gain and optional shift, `[C]` each, and its epsilon.
 #[derive(Debug, Clone, Copy)]
 pub struct Norm<'a> {

@@ -49,7 +49,8 @@ enum Mode {
         #[arg(long, default_value_t = 50)]
         steps: usize,
     },
-    /// Tokens per second sampling from a freshly initialised model (temperature 0.8)
+    /// Tokens per second sampling from a freshly initialised model (generate's default
+    /// temperature)
     Sample {
         /// Tokens to generate
         #[arg(long, default_value_t = 500)]
@@ -128,7 +129,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 max_new_tokens: tokens,
                 num_samples: 1,
                 sampling: SamplingParams {
-                    temperature: 0.8,
+                    temperature: cinder::sampling::DEFAULT_TEMPERATURE,
                     top_k: None,
                     top_p: None,
                 },

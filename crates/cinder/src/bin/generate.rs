@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use cinder::cli::{OpsArg, exit_on_error};
 use cinder::device::{Backend, DeviceChoice};
-use cinder::sampling::SamplingParams;
 use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::sampling::{DEFAULT_TEMPERATURE, SamplingParams};
 use cinder::storage::checkpoint;
 use cinder::storage::names::{BEST, LATEST};
 use cinder_data::{TextStream, Tokenizer};
@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, default_value_t = 500)]
     max_new_tokens: usize,
     /// Softmax temperature; 0 always picks the most likely token (greedy)
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_TEMPERATURE, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample only among the k most likely tokens
     #[arg(long, default_value_t = 200)]

@@ -4,4 +4,4 @@
 pub mod generate;
 mod params;
 
-pub use params::{SamplingParams, argmax};
+pub use params::{DEFAULT_TEMPERATURE, SamplingParams, argmax};

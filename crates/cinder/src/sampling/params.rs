@@ -3,6 +3,9 @@
 
 use rand::Rng;
 
+/// `generate`'s temperature unless told otherwise.
+pub const DEFAULT_TEMPERATURE: f32 = 0.8;
+
 /// How to pick each next token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
