@@ -98,17 +98,19 @@ fn model_fields() -> Vec<String> {
 pub const DEFAULT_BPE_VOCAB: usize = 2048;
 
 impl Default for TrainConfig {
-    /// The tiny CPU recipe (`configs/tiny_cpu.toml`).
+    /// The tiny CPU recipe (`configs/tiny_cpu.toml`): the model's own defaults ([`GptConfig`])
+    /// with a context of 64.
     fn default() -> Self {
+        let model = GptConfig::new(0, 64);
         Self {
-            n_layer: 4,
-            n_head: 4,
-            n_embd: 128,
-            block_size: 64,
-            dropout: 0.0,
-            bias: true,
-            activation: Activation::Gelu,
-            layer_norm_epsilon: cinder_model::LAYER_NORM_EPSILON,
+            n_layer: model.n_layer,
+            n_head: model.n_head,
+            n_embd: model.n_embd,
+            block_size: model.block_size,
+            dropout: model.dropout,
+            bias: model.bias,
+            activation: model.activation,
+            layer_norm_epsilon: model.layer_norm_epsilon,
             batch_size: 12,
             max_iters: 2000,
             learning_rate: 1e-3,
