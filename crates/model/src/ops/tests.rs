@@ -5,8 +5,9 @@
 use burn::module::Param;
 use burn::nn::{DropoutConfig, EmbeddingConfig, LayerNormConfig, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use cinder_kernels::dropout::Mask;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
@@ -25,10 +26,19 @@ fn device() -> Device {
     Device::flex().autodiff()
 }
 
+/// Standard normal values drawn from a generator of the test's own (Box-Muller), not from the
+/// device's: that one is global to the process, and tests running in parallel would reseed it
+/// between one test's two draws of the "same" tensor.
 fn random<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<D> {
-    let device = device();
-    device.seed(seed);
-    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device)
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = shape.iter().product::<usize>();
+    let normals = (0..n)
+        .map(|_| {
+            let (u, v): (f32, f32) = (1.0 - rng.random::<f32>(), rng.random());
+            (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        })
+        .collect::<Vec<_>>();
+    Tensor::from_data(TensorData::new(normals, shape), &device())
 }
 
 fn values<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
