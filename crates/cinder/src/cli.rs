@@ -1,6 +1,6 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
-use crate::config::{TrainConfig, architecture};
+use crate::config::{LrSchedule, OptimizerKind, TrainConfig, architecture};
 
 /// A config field set from the command line: its name and new value, as text.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,7 @@ overrides! {
     dropout: f64, "Dropout probability while training, in [0, 1)";
     bias: bool, "Biases in linear layers and LayerNorms";
     learning_rate: f64, "Peak learning rate";
-    min_lr: f64, "Learning rate at the end of the cosine decay";
+    min_lr: f64, "Learning rate at the end of the decay";
     warmup_iters: u64, "Linear warm-up steps";
     lr_decay_iters: u64, "Step at which the decay reaches min_lr";
     weight_decay: f64, "AdamW weight decay on matrices";
@@ -66,6 +66,12 @@ overrides! {
     beta2: f64, "AdamW beta2";
     grad_clip: f64, "Clip the global gradient norm to this; 0 disables";
     gradient_accumulation_steps: usize, "Micro-batches per optimiser step";
+    lr_schedule: LrSchedule, "After the warm-up: cosine decay, or trapezoid (the peak held, then a linear cool-down)";
+    cooldown_fraction: f64, "With trapezoid: the last fraction of lr_decay_iters spent cooling down to min_lr";
+    optimizer: OptimizerKind, "adamw, or muon (Muon on the blocks' matrices, AdamW on the rest)";
+    muon_lr: f64, "Muon's peak learning rate";
+    muon_momentum: f64, "Muon's momentum";
+    embedding_lr: f64, "With muon: the embeddings' peak learning rate";
     eval_interval: u64, "Evaluate every this many steps";
     eval_iters: usize, "Batches averaged per evaluation";
     log_interval: u64, "Log the training loss every this many steps";
@@ -204,7 +210,7 @@ mod tests {
     fn help_shows_the_built_in_defaults() {
         let help = Flags::command().render_help().to_string();
         let defaults = flag_defaults();
-        assert_eq!(defaults.len(), 25, "every override has a flag");
+        assert_eq!(defaults.len(), 31, "every override has a flag");
         for (field, value) in defaults {
             let flag = format!("--{}", field.replace('_', "-"));
             // clap wraps long help: the flag's entry runs to the next flag.

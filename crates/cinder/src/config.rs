@@ -52,6 +52,19 @@ pub struct TrainConfig {
     pub beta2: f64,
     pub grad_clip: f64,
     pub gradient_accumulation_steps: usize,
+    /// `cosine` (nanoGPT's) or `trapezoid` ([`LrSchedule`]).
+    pub lr_schedule: LrSchedule,
+    /// With `trapezoid`: the fraction of `lr_decay_iters`, at its end, over which the rate falls
+    /// linearly to `min_lr`.
+    pub cooldown_fraction: f64,
+    /// `adamw` (nanoGPT's) or `muon` ([`OptimizerKind`]).
+    pub optimizer: OptimizerKind,
+    /// Muon's peak learning rate, for the matrices inside the blocks.
+    pub muon_lr: f64,
+    /// Muon's momentum β.
+    pub muon_momentum: f64,
+    /// With Muon: the embeddings' peak learning rate (AdamW).
+    pub embedding_lr: f64,
     // Evaluation, logging, checkpoints.
     pub eval_interval: u64,
     pub eval_iters: usize,
@@ -94,6 +107,47 @@ fn model_fields() -> Vec<String> {
         .collect()
 }
 
+/// How the learning rate moves after the linear warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// Cosine decay from the peak to `min_lr` at `lr_decay_iters` (nanoGPT's).
+    Cosine,
+    /// The peak held, then a linear cool-down to `min_lr` over the last `cooldown_fraction` of
+    /// `lr_decay_iters` (warmup-stable-decay, as the nanoGPT speedrun uses).
+    Trapezoid,
+}
+
+/// Which optimizer trains the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// AdamW on every parameter, weight decay on matrices (nanoGPT's).
+    Adamw,
+    /// Muon on the matrices inside the blocks (`muon_lr`, `muon_momentum`, `weight_decay`);
+    /// AdamW with betas (0.8, 0.95) and no weight decay on the rest: the embeddings (and so the
+    /// tied head) at `embedding_lr`, gains and biases at `learning_rate`.
+    Muon,
+}
+
+/// The value as config files spell it (`trapezoid`, `muon`).
+fn config_name<T: Serialize>(value: &T) -> String {
+    let v = toml::Value::try_from(value).expect("a config value serialises");
+    v.as_str().expect("a config enum is a string").to_string()
+}
+
+impl std::fmt::Display for LrSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&config_name(self))
+    }
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&config_name(self))
+    }
+}
+
 /// Tokens of a BPE trained with `tokenizer = "bpe"` and no `vocab_size`.
 pub const DEFAULT_BPE_VOCAB: usize = 2048;
 
@@ -122,6 +176,12 @@ impl Default for TrainConfig {
             beta2: 0.99,
             grad_clip: 1.0,
             gradient_accumulation_steps: 1,
+            lr_schedule: LrSchedule::Cosine,
+            cooldown_fraction: 0.5,
+            optimizer: OptimizerKind::Adamw,
+            muon_lr: 0.02,
+            muon_momentum: 0.95,
+            embedding_lr: 0.01,
             eval_interval: 250,
             eval_iters: 200,
             log_interval: 10,
@@ -267,6 +327,26 @@ impl TrainConfig {
             "train_fraction",
             c.train_fraction.to_string(),
             "in (0, 1)",
+        )?;
+        check(
+            (0.0..=1.0).contains(&c.cooldown_fraction),
+            "cooldown_fraction",
+            c.cooldown_fraction.to_string(),
+            "in [0, 1]",
+        )?;
+        for (field, value) in [("muon_lr", c.muon_lr), ("embedding_lr", c.embedding_lr)] {
+            check(
+                value > 0.0 && value.is_finite(),
+                field,
+                value.to_string(),
+                "a positive number",
+            )?;
+        }
+        check(
+            (0.0..1.0).contains(&c.muon_momentum),
+            "muon_momentum",
+            c.muon_momentum.to_string(),
+            "in [0, 1)",
         )?;
         let is_bpe = c.tokenizer == "bpe";
         check(

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use cinder::config::TrainConfig;
+use cinder::config::{OptimizerKind, TrainConfig};
 use cinder::data::batch_tensors;
 use cinder::run::trainer::{EvalReport, Observer, StepReport, Trainer};
 use cinder::storage::checkpoint;
@@ -196,32 +196,42 @@ fn a_fused_run_follows_the_composite_run_at_dropout_0() {
 
 #[test]
 fn results_do_not_depend_on_the_number_of_threads() {
-    // Dropout included: its masks must not depend on the threads either.
-    let config = TrainConfig {
-        max_iters: 6,
-        dropout: 0.1,
-        gradient_accumulation_steps: 2,
-        eval_interval: 3,
-        ..tiny_config()
-    };
     let _serial = serial();
-    let on = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| run(&config, Ops::Fused))
-    };
-    let (one, w1) = on(1);
-    let (two, w2) = on(2);
-    let (three, w3) = on(3);
-    assert_eq!(one.0, two.0, "training losses, 1 and 2 threads");
-    assert_eq!(one.0, three.0, "training losses, 1 and 3 threads");
-    assert_eq!(one.1, two.1, "evaluations, 1 and 2 threads");
-    assert!(
-        w1 == w2 && w1 == w3,
-        "the weights differ between thread counts"
-    );
+    // Dropout included: its masks must not depend on the threads either. Muon's matrix
+    // products too.
+    for optimizer in [OptimizerKind::Adamw, OptimizerKind::Muon] {
+        let config = TrainConfig {
+            max_iters: 6,
+            dropout: 0.1,
+            gradient_accumulation_steps: 2,
+            eval_interval: 3,
+            optimizer,
+            ..tiny_config()
+        };
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| run(&config, Ops::Fused))
+        };
+        let (one, w1) = on(1);
+        let (two, w2) = on(2);
+        let (three, w3) = on(3);
+        assert_eq!(
+            one.0, two.0,
+            "{optimizer}: training losses, 1 and 2 threads"
+        );
+        assert_eq!(
+            one.0, three.0,
+            "{optimizer}: training losses, 1 and 3 threads"
+        );
+        assert_eq!(one.1, two.1, "{optimizer}: evaluations, 1 and 2 threads");
+        assert!(
+            w1 == w2 && w1 == w3,
+            "{optimizer}: the weights differ between thread counts"
+        );
+    }
 }
 
 #[test]

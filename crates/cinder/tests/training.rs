@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use burn::optim::GradientsParams;
-use cinder::config::TrainConfig;
+use cinder::config::{LrSchedule, OptimizerKind, TrainConfig};
 use cinder::data::batch_tensors;
-use cinder::run::optim::AdamW;
+use cinder::run::optim::Optim;
 use cinder::run::trainer::{Observer, Outcome, StepReport, Trainer};
 use cinder::storage::checkpoint::{self, CheckpointError};
 use cinder::storage::names::LATEST;
@@ -55,7 +55,7 @@ fn tiny_model_overfits_one_batch() {
     let batch = Batcher::new(1, 4, 16).batch(t.splits().get(Split::Train), Split::Train, 0, 0);
     let (x, y) = batch_tensors(&batch, &device);
     let mut model = t.model().clone();
-    let mut optim = AdamW::new(&config, &model);
+    let mut optim = Optim::new(&config, &model);
     let mut loss = f32::INFINITY;
     for _ in 0..300 {
         let l = model.loss(x.clone(), y.clone(), None);
@@ -87,6 +87,19 @@ fn resume_is_bit_identical_to_a_straight_run_on_the_composite_layers() {
             ..tiny_config()
         },
         Ops::Composite,
+    );
+}
+
+#[test]
+fn resume_is_bit_identical_with_muon_and_the_trapezoid() {
+    check_exact_resume(
+        TrainConfig {
+            optimizer: OptimizerKind::Muon,
+            lr_schedule: LrSchedule::Trapezoid,
+            gradient_accumulation_steps: 2,
+            ..tiny_config()
+        },
+        Ops::Fused,
     );
 }
 
@@ -197,7 +210,7 @@ fn load_error(ckpt: &Path) -> CheckpointError {
             match model {
                 Err(e) => e,
                 Ok(model) => {
-                    checkpoint::load_optimizer(ckpt, &meta, AdamW::new(&meta.config, &model).module)
+                    checkpoint::load_optimizer(ckpt, &meta, Optim::new(&meta.config, &model).module)
                         .err()
                         .expect("a damaged checkpoint must not load")
                 }

@@ -1,7 +1,12 @@
-//! AdamW as nanoGPT configures it, with clipping of the global gradient norm, as one Burn
-//! optimizer over the model: weight decay on matrices only, and each parameter tensor updated
-//! by the model's [`TensorAdamW`] (a single fused pass on the Flex backend, Burn's AdamW
-//! elsewhere).
+//! A run's optimizer, as one Burn optimizer over the model, with clipping of the global
+//! gradient norm folded into its updates:
+//! - `adamw`: AdamW as nanoGPT configures it, weight decay on matrices only;
+//! - `muon`: Muon on the matrices inside the blocks (attention's q/k/v weight as three), AdamW
+//!   with betas (0.8, 0.95) and no weight decay on the rest at their own peak rates (the
+//!   embeddings at `embedding_lr`, gains and biases at `learning_rate`).
+//!
+//! Each parameter tensor is updated by the model's [`TensorAdamW`] (a single fused pass on the
+//! Flex backend, Burn's AdamW elsewhere) or [`TensorMuon`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -11,16 +16,20 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use cinder_model::Gpt;
 use cinder_model::ops::adamw::{TensorAdamW, sum_squares};
+use cinder_model::ops::muon::TensorMuon;
 
-use crate::config::TrainConfig;
+use crate::config::{OptimizerKind, TrainConfig};
 
 /// Burn's epsilon for AdamW is 1e-5; nanoGPT (PyTorch) uses 1e-8.
 const EPSILON: f32 = 1e-8;
 
-/// A run's optimizer: AdamW with weight decay on matrices only (embeddings and linear weights;
-/// not biases and LayerNorm parameters), and global-norm clipping folded into its update.
+/// AdamW's settings beside Muon (torch_recipe.py's, after the nanoGPT speedrun): betas,
+/// epsilon; no weight decay.
+const MUON_ADAMW: (f32, f32, f32) = (0.8, 0.95, 1e-10);
+
+/// A run's optimizer ([`OptimizerKind`]), with global-norm clipping folded into its update.
 #[derive(Clone)]
-pub struct AdamW {
+pub struct Optim {
     /// Burn's per-parameter optimizer, holding the state that checkpoints save.
     pub module: ModuleOptimizer,
     /// The factor the gradients of the current step are multiplied by (clipping), shared with
@@ -28,22 +37,50 @@ pub struct AdamW {
     grad_scale: Arc<AtomicU32>,
 }
 
-impl AdamW {
+impl Optim {
     /// The optimizer of a run with the settings of `c`, for `model`'s parameters.
     pub fn new(c: &TrainConfig, model: &Gpt) -> Self {
         let grad_scale = Arc::new(AtomicU32::new(1.0f32.to_bits()));
-        let betas = (c.beta1 as f32, c.beta2 as f32, EPSILON);
-        let tensor_update = |decay: f32| TensorAdamW::new(betas, decay, grad_scale.clone());
-        let module = ModuleOptimizer::from(tensor_update(c.weight_decay as f32)).with_group(
-            ParamGroup::from_ids(vector_params(model)),
-            tensor_update(0.0),
-            None,
-        );
+        let module = match c.optimizer {
+            OptimizerKind::Adamw => {
+                let betas = (c.beta1 as f32, c.beta2 as f32, EPSILON);
+                let adamw = |decay: f32| TensorAdamW::new(betas, decay, grad_scale.clone());
+                ModuleOptimizer::from(adamw(c.weight_decay as f32)).with_group(
+                    ParamGroup::from_ids(vector_params(model)),
+                    adamw(0.0),
+                    None,
+                )
+            }
+            OptimizerKind::Muon => {
+                let adamw = |peak: f64| {
+                    TensorAdamW::new(MUON_ADAMW, 0.0, grad_scale.clone())
+                        .with_lr_scale(peak / c.learning_rate)
+                };
+                let muon = |splits: usize| TensorMuon {
+                    momentum: c.muon_momentum as f32,
+                    weight_decay: c.weight_decay as f32,
+                    lr_scale: c.muon_lr / c.learning_rate,
+                    splits,
+                    grad_scale: grad_scale.clone(),
+                };
+                let (qkv, matrices) = muon_params(model);
+                // Gains and biases at learning_rate; later groups take precedence.
+                ModuleOptimizer::from(adamw(c.learning_rate))
+                    .with_group(
+                        ParamGroup::from_ids(embedding_params(model)),
+                        adamw(c.embedding_lr),
+                        None,
+                    )
+                    .with_group(ParamGroup::from_ids(matrices), muon(1), None)
+                    .with_group(ParamGroup::from_ids(qkv), muon(3), None)
+            }
+        };
         Self { module, grad_scale }
     }
 
-    /// One step with learning rate `lr`: the gradients are first scaled so that their global
-    /// L2 norm is at most `max_norm` (when positive), as PyTorch's `clip_grad_norm_` does.
+    /// One step with learning rate `lr` (the run's base rate; groups with peaks of their own
+    /// scale it): the gradients are first scaled so that their global L2 norm is at most
+    /// `max_norm` (when positive), as PyTorch's `clip_grad_norm_` does.
     pub fn step(&mut self, lr: f64, model: Gpt, grads: GradientsParams, max_norm: f64) -> Gpt {
         let scale = if max_norm > 0.0 {
             let norm = global_norm(&model, &grads);
@@ -54,6 +91,23 @@ impl AdamW {
         self.grad_scale.store(scale.to_bits(), Ordering::Relaxed);
         self.module.step(lr, model, grads)
     }
+}
+
+/// The ids of Muon's matrices: attention's q/k/v weights (`[C, 3C]`, three matrices each), and
+/// every other linear weight inside the blocks.
+pub fn muon_params(model: &Gpt) -> (Vec<ParamId>, Vec<ParamId>) {
+    let (mut qkv, mut matrices) = (Vec::new(), Vec::new());
+    for block in &model.blocks {
+        qkv.push(block.attn.c_attn.weight.id);
+        matrices
+            .extend([&block.attn.c_proj, &block.mlp.c_fc, &block.mlp.c_proj].map(|l| l.weight.id));
+    }
+    (qkv, matrices)
+}
+
+/// The ids of the embeddings' weights (token and positions).
+fn embedding_params(model: &Gpt) -> Vec<ParamId> {
+    vec![model.wte.weight.id, model.wpe.weight.id]
 }
 
 /// Ids of the parameters of rank below 2 (biases, LayerNorm gains and shifts).
@@ -160,7 +214,7 @@ mod tests {
             .with_n_embd(16)
             .init(&device)
             .unwrap();
-        let mut fused = AdamW::new(&c, &model);
+        let mut fused = Optim::new(&c, &model);
         let decayed = AdamWConfig::new()
             .with_beta_1(c.beta1 as f32)
             .with_beta_2(c.beta2 as f32)
@@ -192,6 +246,41 @@ mod tests {
                 .map(|(x, y)| (x - y).abs())
                 .fold(0.0, f32::max);
             assert!(diff < 1e-4, "step {step}: weights differ by {diff}");
+        }
+    }
+
+    #[test]
+    fn muon_takes_every_matrix_inside_the_blocks_and_nothing_else() {
+        let device = Device::flex().autodiff();
+        let model = GptConfig::new(11, 8)
+            .with_n_layer(2)
+            .with_n_head(2)
+            .with_n_embd(16)
+            .init(&device)
+            .unwrap();
+        struct Matrices(Vec<ParamId>);
+        impl ModuleVisitor for Matrices {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                if D == 2 {
+                    self.0.push(p.id);
+                }
+            }
+        }
+        let mut inside = Matrices(Vec::new());
+        for block in &model.blocks {
+            block.visit(&mut inside);
+        }
+        let (qkv, matrices) = muon_params(&model);
+        let mut muon: Vec<ParamId> = qkv.iter().chain(&matrices).copied().collect();
+        let (mut expected, count) = (inside.0, muon.len());
+        muon.sort();
+        expected.sort();
+        assert_eq!(muon, expected);
+        assert_eq!(count, 8, "4 matrices per block");
+        // q/k/v: [C, 3C], the weight Muon sees as three matrices.
+        for (id, block) in qkv.iter().zip(&model.blocks) {
+            assert_eq!(*id, block.attn.c_attn.weight.id);
+            assert_eq!(block.attn.c_attn.weight.val().dims(), [16, 48]);
         }
     }
 }

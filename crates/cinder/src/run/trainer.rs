@@ -1,4 +1,4 @@
-//! The training loop: AdamW steps on random batches, periodic evaluation, and checkpoints.
+//! The training loop: optimizer steps on random batches, periodic evaluation, and checkpoints.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +13,7 @@ use crate::config::TrainConfig;
 use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
 use crate::run::eval;
-use crate::run::optim::AdamW;
+use crate::run::optim::Optim;
 use crate::run::schedule::learning_rate;
 use crate::storage::checkpoint::{self, CheckpointError, Meta};
 use crate::storage::faults;
@@ -129,8 +129,8 @@ pub struct Trainer {
     splits: Splits,
     /// The model on the autodiff device.
     model: Gpt,
-    /// AdamW and its state.
-    optim: AdamW,
+    /// The optimizer and its state.
+    optim: Optim,
     /// Iterations completed.
     iter: u64,
     best_val_loss: Option<f32>,
@@ -189,7 +189,7 @@ impl Trainer {
         data: TrainingData,
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
-        let optim = AdamW::new(&config, &model);
+        let optim = Optim::new(&config, &model);
         Self::assemble(config, backend, data, (model, optim, 0, None), out_dir)
     }
 
@@ -206,7 +206,7 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         let device = backend.device.clone().autodiff();
         let model = checkpoint::load_model(dir, meta, &device)?;
-        let mut optim = AdamW::new(&config, &model);
+        let mut optim = Optim::new(&config, &model);
         optim.module = checkpoint::load_optimizer(dir, meta, optim.module)?;
         let state = (model, optim, meta.iter, meta.best_val_loss);
         Self::assemble(config, backend, data, state, out_dir)
@@ -218,7 +218,7 @@ impl Trainer {
         config: TrainConfig,
         backend: Backend,
         data: TrainingData,
-        (model, optim, iter, best_val_loss): (Gpt, AdamW, u64, Option<f32>),
+        (model, optim, iter, best_val_loss): (Gpt, Optim, u64, Option<f32>),
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         crate::keep_freed_memory();
@@ -274,15 +274,10 @@ impl Trainer {
         &self.splits
     }
 
-    /// The optimizer and its state.
-    pub fn optim(&self) -> &AdamW {
-        &self.optim
-    }
-
     /// Starts the optimizer afresh (moments and step counts at zero), keeping the weights and
     /// the iteration.
     pub fn restart_optimizer(&mut self) {
-        self.optim = AdamW::new(&self.config, &self.model);
+        self.optim = Optim::new(&self.config, &self.model);
     }
 
     /// Iterations completed.

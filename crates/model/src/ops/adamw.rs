@@ -26,6 +26,8 @@ pub struct TensorAdamW {
     betas: (f32, f32, f32),
     weight_decay: f32,
     composite: burn::optim::AdamW,
+    /// This group's learning rate over the one the step is given (the run's base rate).
+    lr_scale: f64,
     /// The factor the gradients of the current step are multiplied by, as f32 bits.
     grad_scale: Arc<AtomicU32>,
 }
@@ -48,8 +50,15 @@ impl TensorAdamW {
             betas: (beta1, beta2, epsilon),
             weight_decay,
             composite,
+            lr_scale: 1.0,
             grad_scale,
         }
+    }
+
+    /// The same with its learning rate `lr_scale` times the one each step is given (a
+    /// parameter group with a peak rate of its own).
+    pub fn with_lr_scale(self, lr_scale: f64) -> Self {
+        Self { lr_scale, ..self }
     }
 }
 
@@ -64,6 +73,7 @@ impl Optimizer for TensorAdamW {
         state: Option<AdamWState<D>>,
     ) -> (Tensor<D>, Option<AdamWState<D>>) {
         let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
+        let lr = lr * self.lr_scale;
         fused_or!(has_fused(&tensor.device()),
             fused => {
                 let (time, m, v) = match state {

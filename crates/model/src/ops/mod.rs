@@ -14,6 +14,7 @@ use crate::Activation;
 pub mod adamw;
 #[cfg(feature = "flex")]
 pub mod fused;
+pub mod muon;
 
 /// Which version of the layers a model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

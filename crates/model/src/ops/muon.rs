@@ -1,0 +1,308 @@
+//! Muon's update of one weight matrix as a Burn [`Optimizer`] (Keller Jordan's Muon, as
+//! `../shared/bench/torch_recipe.py` and KellerJordan/Muon's `muon.py` write it): Nesterov
+//! momentum, then the update orthogonalised by five Newton-Schulz iterations, scaled by the
+//! matrix's shape, after decoupled weight decay. It is all matrix products, in Burn's tensor
+//! operations, so it runs on every backend.
+//!
+//! Burn's own `burn::optim::Muon` is not used: it scales by `[in, out]`'s `in / out` (Burn
+//! stores a linear layer's weight `[in, out]`, PyTorch `[out, in]`, so the MLP's up- and
+//! down-projections would swap their factors), and it cannot treat attention's fused q/k/v
+//! weight as three matrices.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
+use burn::prelude::*;
+
+/// Newton-Schulz coefficients `(a, b, c)` of the quintic iteration (Keller Jordan's).
+const NS_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+/// Newton-Schulz iterations per step.
+const NS_STEPS: usize = 5;
+/// Added to the Frobenius norm before the update is normalised.
+const NORM_EPSILON: f32 = 1e-7;
+
+/// Muon's update of one weight matrix `[in, out]` (Burn's layout), seen as `splits` matrices
+/// side by side along `out` (3 for attention's `[C, 3C]` q/k/v weight, else 1).
+#[derive(Clone)]
+pub struct TensorMuon {
+    /// β of the momentum buffer.
+    pub momentum: f32,
+    /// Decoupled weight decay, multiplied by the learning rate.
+    pub weight_decay: f32,
+    /// This group's learning rate over the one the step is given (the run's base rate): the
+    /// schedule applies to both alike.
+    pub lr_scale: f64,
+    /// Matrices side by side along the columns.
+    pub splits: usize,
+    /// The factor the gradients of the current step are multiplied by, as f32 bits (global
+    /// clipping, shared with the run's other parameter groups).
+    pub grad_scale: Arc<AtomicU32>,
+}
+
+/// Muon's state for one matrix: the momentum buffer, shaped as the weight.
+#[derive(Clone)]
+pub struct MuonState<const D: usize> {
+    pub momentum: Tensor<D>,
+}
+
+impl<const D: usize> RecordState for MuonState<D> {
+    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
+        out.push_tensor(prefix, "momentum", self.momentum.to_data());
+    }
+
+    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
+        let data = src.take_tensor(prefix, "momentum")?;
+        Some(Self {
+            momentum: Tensor::from_data(data, device),
+        })
+    }
+}
+
+impl Optimizer for TensorMuon {
+    type State<const D: usize> = MuonState<D>;
+
+    /// # Shapes
+    /// - tensor, grad: `[in, out]`, `out` a multiple of `splits`
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<MuonState<D>>,
+    ) -> (Tensor<D>, Option<MuonState<D>>) {
+        assert_eq!(D, 2, "Muon updates matrices only");
+        let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
+        let grad = if scale == 1.0 { grad } else { grad * scale };
+        let beta = self.momentum;
+        // buf = β·buf + (1-β)·g; u = g + β·(buf - g) (Nesterov).
+        let momentum = match state {
+            Some(s) => s.momentum * beta + grad.clone() * (1.0 - beta),
+            None => grad.clone() * (1.0 - beta),
+        };
+        let u = grad.clone() + (momentum.clone() - grad) * beta;
+        let lr = lr * self.lr_scale;
+        let shape = tensor.shape();
+        let update = orthogonalised(u.reshape([shape[0], shape[1]]), self.splits).reshape(shape);
+        let decayed = if self.weight_decay > 0.0 {
+            tensor * (1.0 - lr * self.weight_decay as f64)
+        } else {
+            tensor
+        };
+        (decayed - update * lr, Some(MuonState { momentum }))
+    }
+
+    fn to_device<const D: usize>(state: MuonState<D>, device: &Device) -> MuonState<D> {
+        MuonState {
+            momentum: state.momentum.to_device(device),
+        }
+    }
+}
+
+/// Each of the `splits` matrices of `u` replaced by its nearest semi-orthogonal matrix (as
+/// Newton-Schulz approximates it) times `sqrt(max(1, fan_out / fan_in))`.
+///
+/// # Shapes
+/// - u: `[in, out]`; output: the same
+pub fn orthogonalised(u: Tensor<2>, splits: usize) -> Tensor<2> {
+    let [fan_in, out] = u.dims();
+    let fan_out = out / splits;
+    let scale = (fan_out as f64 / fan_in as f64).max(1.0).sqrt();
+    let parts = (0..splits)
+        .map(|i| newton_schulz(u.clone().narrow(1, i * fan_out, fan_out)) * scale)
+        .collect();
+    Tensor::cat(parts, 1)
+}
+
+/// The quintic Newton-Schulz iteration towards `UVᵀ` of `g = USVᵀ`, on the orientation with no
+/// more rows than columns (the transpose of a matrix's result is its transpose's).
+///
+/// # Shapes
+/// - g: `[m, n]`; output: the same
+pub fn newton_schulz(g: Tensor<2>) -> Tensor<2> {
+    let [m, n] = g.dims();
+    let tall = m > n;
+    let x = if tall { g.transpose() } else { g };
+    let norm = x.clone().square().sum().sqrt() + NORM_EPSILON;
+    let mut x = x / norm.unsqueeze::<2>();
+    let (a, b, c) = NS_COEFFICIENTS;
+    for _ in 0..NS_STEPS {
+        let gram = x.clone().matmul(x.clone().transpose());
+        let poly = gram.clone() * b + gram.clone().matmul(gram) * c;
+        x = x.clone() * a + poly.matmul(x);
+    }
+    if tall { x.transpose() } else { x }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+
+    /// A row-major matrix in f64, for the naive reference.
+    #[derive(Clone, Debug)]
+    struct M {
+        rows: usize,
+        cols: usize,
+        v: Vec<f64>,
+    }
+
+    impl M {
+        fn at(&self, r: usize, c: usize) -> f64 {
+            self.v[r * self.cols + c]
+        }
+        fn t(&self) -> M {
+            let v = (0..self.cols * self.rows)
+                .map(|i| self.at(i % self.rows, i / self.rows))
+                .collect();
+            M {
+                rows: self.cols,
+                cols: self.rows,
+                v,
+            }
+        }
+        fn mul(&self, o: &M) -> M {
+            let mut v = vec![0.0; self.rows * o.cols];
+            for r in 0..self.rows {
+                for c in 0..o.cols {
+                    v[r * o.cols + c] = (0..self.cols).map(|k| self.at(r, k) * o.at(k, c)).sum();
+                }
+            }
+            M {
+                rows: self.rows,
+                cols: o.cols,
+                v,
+            }
+        }
+        fn lin(&self, a: f64, o: &M, b: f64) -> M {
+            let v = self
+                .v
+                .iter()
+                .zip(&o.v)
+                .map(|(x, y)| a * x + b * y)
+                .collect();
+            M { v, ..*self }
+        }
+    }
+
+    /// torch_recipe.py's `ns5`, on PyTorch's `[out, in]` layout.
+    fn ns5(g: &M) -> M {
+        let (a, b, c) = (3.4445, -4.7750, 2.0315);
+        let tall = g.rows > g.cols;
+        let x = if tall { g.t() } else { g.clone() };
+        let norm = x.v.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let mut x = x.lin(1.0 / (norm + 1e-7), &x, 0.0);
+        for _ in 0..5 {
+            let gram = x.mul(&x.t());
+            let poly = gram.lin(b, &gram.mul(&gram), c);
+            x = x.lin(a, &poly.mul(&x), 1.0);
+        }
+        if tall { x.t() } else { x }
+    }
+
+    /// torch_recipe.py's update of an `[out, in]` matrix: q/k/v stacked along `out` as three
+    /// matrices, each scaled by `sqrt(max(1, rows / cols))`.
+    fn reference_update(g: &M) -> M {
+        let splits = if g.rows == 3 * g.cols { 3 } else { 1 };
+        let rows = g.rows / splits;
+        let mut v = Vec::new();
+        for i in 0..splits {
+            let part = M {
+                rows,
+                cols: g.cols,
+                v: g.v[i * rows * g.cols..(i + 1) * rows * g.cols].to_vec(),
+            };
+            let scale = (rows as f64 / g.cols as f64).max(1.0).sqrt();
+            v.extend(ns5(&part).v.iter().map(|x| x * scale));
+        }
+        M { v, ..*g }
+    }
+
+    fn random(rows: usize, cols: usize, seed: u64) -> M {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let v = (0..rows * cols)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        M { rows, cols, v }
+    }
+
+    fn tensor(m: &M) -> Tensor<2> {
+        let v: Vec<f32> = m.v.iter().map(|&x| x as f32).collect();
+        Tensor::from_data(TensorData::new(v, [m.rows, m.cols]), &Device::flex())
+    }
+
+    fn values(t: Tensor<2>) -> Vec<f64> {
+        let v = t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        v.into_iter().map(f64::from).collect()
+    }
+
+    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn the_update_follows_the_pytorch_recipe_in_burns_layout() {
+        // Burn's [in, out] weights: attention's q/k/v [C, 3C], the MLP's up- [C, 4C] and
+        // down-projection [4C, C], a square one; PyTorch's are their transposes.
+        let c = 8;
+        for (shape, splits, seed) in [
+            ((c, 3 * c), 3, 1),
+            ((c, 4 * c), 1, 2),
+            ((4 * c, c), 1, 3),
+            ((c, c), 1, 4),
+        ] {
+            let burn = random(shape.0, shape.1, seed);
+            let expected = reference_update(&burn.t()).t();
+            let got = values(orthogonalised(tensor(&burn), splits));
+            let d = max_diff(&got, &expected.v);
+            assert!(d < 1e-4, "{shape:?}: differs from the reference by {d}");
+        }
+        // The up-projection's update is twice the down-projection's in scale (2 = sqrt(4C / C)).
+        let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+        let up = values(orthogonalised(tensor(&random(c, 4 * c, 5)), 1));
+        let down = values(orthogonalised(tensor(&random(4 * c, c, 5)), 1));
+        let ratio = rms(&up) / rms(&down);
+        assert!((ratio - 2.0).abs() < 0.2, "up / down: {ratio}");
+    }
+
+    #[test]
+    fn a_step_is_momentum_then_decay_then_the_scaled_update() {
+        let (beta, wd, lr, lr_scale) = (0.9f64, 0.1f64, 0.5f64, 0.04f64);
+        let muon = TensorMuon {
+            momentum: beta as f32,
+            weight_decay: wd as f32,
+            lr_scale,
+            splits: 3,
+            grad_scale: Arc::new(AtomicU32::new(0.5f32.to_bits())),
+        };
+        let (c, out) = (4, 12);
+        let mut p = random(c, out, 10);
+        let mut tensor_p = tensor(&p);
+        let mut state = None;
+        let mut buf = M {
+            v: vec![0.0; c * out],
+            ..p.clone()
+        };
+        for step in 0..3 {
+            let g = random(c, out, 20 + step);
+            let (next, s) = muon.step(lr, tensor_p, tensor(&g), state);
+            (tensor_p, state) = (next, s);
+            // The reference: clipped gradient, lerp momentum, Nesterov, then torch_recipe's
+            // update on the PyTorch layout.
+            let g = g.lin(0.5, &g, 0.0);
+            buf = buf.lin(beta, &g, 1.0 - beta);
+            let u = g.lin(1.0 - beta, &buf, beta);
+            let update = reference_update(&u.t()).t();
+            let eff = lr * lr_scale;
+            p = p.lin(1.0 - eff * wd, &update, -eff);
+            let d = max_diff(&values(tensor_p.clone()), &p.v);
+            assert!(d < 1e-5, "step {step}: weights differ by {d}");
+        }
+    }
+}
