@@ -450,6 +450,21 @@ mod tests {
             "shakespeare_bpe.toml is tiny_cpu with a BPE"
         );
         bpe.validate().unwrap();
+        let muon = TrainConfig::load(&dir.join("tiny_cpu_muon.toml")).unwrap();
+        assert_eq!(
+            muon,
+            TrainConfig {
+                batch_size: 24,
+                max_iters: 750,
+                lr_decay_iters: 750,
+                lr_schedule: LrSchedule::Trapezoid,
+                optimizer: OptimizerKind::Muon,
+                grad_clip: 0.0,
+                ..TrainConfig::default()
+            },
+            "tiny_cpu_muon.toml is tiny_cpu with Muon, the trapezoid, and 750 steps of 24"
+        );
+        muon.validate().unwrap();
         let finetune = TrainConfig::load(&dir.join("finetune_shakespeare.toml")).unwrap();
         assert_eq!(finetune.init_from.as_deref(), Some(Path::new("gpt2")));
         assert_eq!((finetune.block_size, finetune.batch_size), (256, 4));

@@ -8,6 +8,7 @@
 //! - one module per layer kind: [`embedding`], [`layernorm`], [`linear`], [`attention`],
 //!   [`gelu`], [`dropout`], [`loss`] (the tied head and cross-entropy)
 //! - [`adamw`]: the optimizer's update of one tensor, and clipping's sums of squares
+//! - [`muon`]: Muon's orthogonalisation of an update (Newton-Schulz iterations)
 //! - [`matmul`]: row-major products with transposes as strides; [`rows`]: passes over rows in
 //!   fixed blocks; [`simd`]: vector dispatch, `exp`
 
@@ -20,5 +21,6 @@ pub mod layernorm;
 pub mod linear;
 pub mod loss;
 pub mod matmul;
+pub mod muon;
 pub mod rows;
 pub mod simd;

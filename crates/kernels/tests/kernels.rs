@@ -435,3 +435,91 @@ fn dropout_backward_matches_finite_differences_under_the_same_mask() {
     }
     check_gradient("dresidual", |res| loss(&x, Some(res)), &residual, &r, at);
 }
+
+/// Muon's orthogonalisation as torch_recipe.py writes it, naively in f64, on one `[rows, cols]`
+/// matrix: transposed when tall, normalised, five iterations, scaled by `sqrt(max(1, cols /
+/// rows))` (Burn's `[in, out]` layout: `cols` is the fan-out).
+fn naive_orthogonalise(u: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    let (a, b, c) = (3.4445, -4.7750, 2.0315);
+    let tall = rows > cols;
+    let (m, n) = if tall { (cols, rows) } else { (rows, cols) };
+    let mut x: Vec<f64> = (0..m * n)
+        .map(|e| {
+            let (i, j) = (e / n, e % n);
+            f64::from(if tall {
+                u[j * cols + i]
+            } else {
+                u[i * cols + j]
+            })
+        })
+        .collect();
+    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt() + 1e-7;
+    x.iter_mut().for_each(|v| *v /= norm);
+    let mul = |p: &[f64], q: &[f64], (r, k, s): (usize, usize, usize), qt: bool| {
+        let mut out = vec![0.0; r * s];
+        for i in 0..r {
+            for j in 0..s {
+                out[i * s + j] = (0..k)
+                    .map(|t| p[i * k + t] * if qt { q[j * k + t] } else { q[t * s + j] })
+                    .sum();
+            }
+        }
+        out
+    };
+    for _ in 0..5 {
+        let gram = mul(&x, &x, (m, n, m), true);
+        let sq = mul(&gram, &gram, (m, m, m), false);
+        let poly: Vec<f64> = gram.iter().zip(&sq).map(|(g, s)| b * g + c * s).collect();
+        let px = mul(&poly, &x, (m, m, n), false);
+        x = x.iter().zip(&px).map(|(v, p)| a * v + p).collect();
+    }
+    let scale = (cols as f64 / rows as f64).max(1.0).sqrt();
+    (0..rows * cols)
+        .map(|e| {
+            let (i, j) = (e / cols, e % cols);
+            scale * if tall { x[j * n + i] } else { x[i * n + j] }
+        })
+        .collect()
+}
+
+#[test]
+fn muon_orthogonalisation_matches_its_definition_on_any_thread_count() {
+    use cinder_kernels::muon::orthogonalise;
+    // Wide, tall, square, and q/k/v's three matrices side by side; sizes past a row share.
+    for (rows, cols, splits) in [
+        (8, 32, 1),
+        (32, 8, 1),
+        (16, 16, 1),
+        (8, 24, 3),
+        (130, 390, 3),
+    ] {
+        let u = random(rows * cols, rows as u64 * 7 + cols as u64);
+        let got = orthogonalise(&u, rows, cols, splits);
+        let width = cols / splits;
+        for s in 0..splits {
+            let part: Vec<f32> = (0..rows * width)
+                .map(|e| u[(e / width) * cols + s * width + e % width])
+                .collect();
+            let expected = naive_orthogonalise(&part, rows, width);
+            for (e, want) in expected.iter().enumerate() {
+                let have = got[(e / width) * cols + s * width + e % width];
+                let d = (f64::from(have) - want).abs();
+                assert!(
+                    d < 2e-4,
+                    "{rows}x{cols} in {splits}: matrix {s}, element {e}: {have} vs {want}"
+                );
+            }
+        }
+        let on = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| orthogonalise(&u, rows, cols, splits))
+        };
+        assert!(
+            on(1) == on(2) && on(1) == on(3),
+            "{rows}x{cols}: thread counts differ"
+        );
+    }
+}

@@ -40,7 +40,7 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Mode {
-    /// Median time of a training step (forward, backward, AdamW) after warm-up
+    /// Median time of a training step (forward, backward, the optimizer) after warm-up
     Train {
         /// Untimed steps first
         #[arg(long, default_value_t = 5)]
@@ -60,7 +60,7 @@ enum Mode {
         no_cache: bool,
     },
     /// Median time of each phase of the training step (the trainer's own report): batch,
-    /// forward and loss, backward, clipping and AdamW
+    /// forward and loss, backward, clipping and the optimizer (`clip_adamw_ms`, Muon's update too)
     Breakdown {
         /// Timed steps
         #[arg(long, default_value_t = 30)]

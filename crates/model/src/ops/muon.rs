@@ -1,8 +1,8 @@
 //! Muon's update of one weight matrix as a Burn [`Optimizer`] (Keller Jordan's Muon, as
 //! `../shared/bench/torch_recipe.py` and KellerJordan/Muon's `muon.py` write it): Nesterov
 //! momentum, then the update orthogonalised by five Newton-Schulz iterations, scaled by the
-//! matrix's shape, after decoupled weight decay. It is all matrix products, in Burn's tensor
-//! operations, so it runs on every backend.
+//! matrix's shape, after decoupled weight decay. The orthogonalisation is all matrix products:
+//! fused on Flex (the kernels' matmul), Burn's tensor operations elsewhere.
 //!
 //! Burn's own `burn::optim::Muon` is not used: it scales by `[in, out]`'s `in / out` (Burn
 //! stores a linear layer's weight `[in, out]`, PyTorch `[out, in]`, so the MLP's up- and
@@ -15,12 +15,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
 
-/// Newton-Schulz coefficients `(a, b, c)` of the quintic iteration (Keller Jordan's).
-const NS_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
-/// Newton-Schulz iterations per step.
-const NS_STEPS: usize = 5;
-/// Added to the Frobenius norm before the update is normalised.
-const NORM_EPSILON: f32 = 1e-7;
+use cinder_kernels::muon::{COEFFICIENTS, EPSILON, STEPS};
+
+#[cfg(feature = "flex")]
+use super::fused;
+use super::{fused_or, has_fused};
 
 /// Muon's update of one weight matrix `[in, out]` (Burn's layout), seen as `splits` matrices
 /// side by side along `out` (3 for attention's `[C, 3C]` q/k/v weight, else 1).
@@ -100,11 +99,20 @@ impl Optimizer for TensorMuon {
 }
 
 /// Each of the `splits` matrices of `u` replaced by its nearest semi-orthogonal matrix (as
-/// Newton-Schulz approximates it) times `sqrt(max(1, fan_out / fan_in))`.
+/// Newton-Schulz approximates it) times `sqrt(max(1, fan_out / fan_in))`: one fused pass on
+/// Flex (`cinder_kernels::muon`), Burn's tensor operations elsewhere.
 ///
 /// # Shapes
 /// - u: `[in, out]`; output: the same
 pub fn orthogonalised(u: Tensor<2>, splits: usize) -> Tensor<2> {
+    fused_or!(has_fused(&u.device()),
+        fused => fused::orthogonalise(u, splits),
+        composite => composite_orthogonalised(u, splits),
+    )
+}
+
+/// [`orthogonalised`] in Burn's tensor operations: the reference, and every other backend's.
+pub fn composite_orthogonalised(u: Tensor<2>, splits: usize) -> Tensor<2> {
     let [fan_in, out] = u.dims();
     let fan_out = out / splits;
     let scale = (fan_out as f64 / fan_in as f64).max(1.0).sqrt();
@@ -123,10 +131,10 @@ pub fn newton_schulz(g: Tensor<2>) -> Tensor<2> {
     let [m, n] = g.dims();
     let tall = m > n;
     let x = if tall { g.transpose() } else { g };
-    let norm = x.clone().square().sum().sqrt() + NORM_EPSILON;
+    let norm = x.clone().square().sum().sqrt() + EPSILON;
     let mut x = x / norm.unsqueeze::<2>();
-    let (a, b, c) = NS_COEFFICIENTS;
-    for _ in 0..NS_STEPS {
+    let (a, b, c) = COEFFICIENTS;
+    for _ in 0..STEPS {
         let gram = x.clone().matmul(x.clone().transpose());
         let poly = gram.clone() * b + gram.clone().matmul(gram) * c;
         x = x.clone() * a + poly.matmul(x);
@@ -259,9 +267,16 @@ mod tests {
         ] {
             let burn = random(shape.0, shape.1, seed);
             let expected = reference_update(&burn.t()).t();
-            let got = values(orthogonalised(tensor(&burn), splits));
-            let d = max_diff(&got, &expected.v);
-            assert!(d < 1e-4, "{shape:?}: differs from the reference by {d}");
+            for (path, got) in [
+                ("fused", orthogonalised(tensor(&burn), splits)),
+                ("composite", composite_orthogonalised(tensor(&burn), splits)),
+            ] {
+                let d = max_diff(&values(got), &expected.v);
+                assert!(
+                    d < 1e-4,
+                    "{path}, {shape:?}: differs from the reference by {d}"
+                );
+            }
         }
         // The up-projection's update is twice the down-projection's in scale (2 = sqrt(4C / C)).
         let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();

@@ -16,7 +16,7 @@ use burn::prelude::*;
 use cinder_kernels::adamw::{self, Update};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::Mask;
-use cinder_kernels::{gelu, loss};
+use cinder_kernels::{gelu, loss, muon};
 
 use crate::Activation;
 
@@ -99,6 +99,8 @@ pub trait Optim: burn::backend::Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// `Σ x²`, `[1]` (summed in f64, stored as f32).
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Muon's orthogonalisation of an update `[in, out]` seen as `splits` matrices side by side.
+    fn orthogonalise(u: FloatTensor<Self>, splits: usize) -> FloatTensor<Self>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,6 +250,14 @@ pub fn adamw<const D: usize>(
 pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
     Tensor::<1>::from_dispatch(<Dispatch as Optim>::sum_squares(x.into_dispatch()))
         .into_scalar::<f64>()
+}
+
+/// Muon's orthogonalisation of `u` `[in, out]`, seen as `splits` matrices side by side.
+pub fn orthogonalise(u: Tensor<2>, splits: usize) -> Tensor<2> {
+    Tensor::from_dispatch(<Dispatch as Optim>::orthogonalise(
+        u.into_dispatch(),
+        splits,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,5 +414,13 @@ impl Optim for Flex {
 
     fn sum_squares(x: FlexTensor) -> FlexTensor {
         tensor(vec![adamw::sum_squares(&floats(&x)) as f32], [1])
+    }
+
+    fn orthogonalise(u: FlexTensor, splits: usize) -> FlexTensor {
+        let [rows, cols] = dims(&u).try_into().expect("a Muon update is a matrix");
+        tensor(
+            muon::orthogonalise(&floats(&u), rows, cols, splits),
+            [rows, cols],
+        )
     }
 }

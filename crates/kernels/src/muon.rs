@@ -1,0 +1,105 @@
+//! Muon's orthogonalisation of an update (Keller Jordan's Muon): each matrix replaced by the
+//! quintic Newton-Schulz iteration's approximation of `UVᵀ` (for `USVᵀ` its SVD), scaled by its
+//! shape. The optimizer's momentum and the update around it are the model crate's.
+
+use rayon::prelude::*;
+
+use crate::matmul::{Mat, matmul};
+
+/// The iteration's coefficients `(a, b, c)`: `X ← aX + (bA + cA²)X`, `A = XXᵀ`.
+pub const COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+/// Iterations per orthogonalisation.
+pub const STEPS: usize = 5;
+/// Added to the Frobenius norm before a matrix is normalised.
+pub const EPSILON: f32 = 1e-7;
+
+/// Output rows per share of one of the iteration's products: a 128-row matrix keeps two
+/// threads busy. A share count set by the shape alone keeps results thread-independent.
+const ROWS_PER_SHARE: usize = 64;
+
+/// `u` (`[rows, cols]`, row-major) read as `splits` matrices side by side, each `[rows,
+/// cols / splits]`, every one orthogonalised and multiplied by `sqrt(max(1, width / rows))`
+/// (`width = cols / splits`: Burn's `[in, out]` layout, so the factor is `fan_out / fan_in`).
+///
+/// # Shapes
+/// - u: `[rows, cols]`, `cols` a multiple of `splits`; output: the same
+pub fn orthogonalise(u: &[f32], rows: usize, cols: usize, splits: usize) -> Vec<f32> {
+    assert_eq!(u.len(), rows * cols, "update does not match its shape");
+    assert!(
+        splits > 0 && cols.is_multiple_of(splits),
+        "{cols} columns in {splits} matrices"
+    );
+    let width = cols / splits;
+    let scale = (width as f32 / rows as f32).max(1.0).sqrt();
+    // Each matrix in the orientation with no more rows than columns, contiguous: [m, n].
+    let tall = rows > width;
+    let (m, n) = if tall { (width, rows) } else { (rows, width) };
+    let at = |i: usize, j: usize| if tall { j * n + i } else { i * n + j };
+    let parts: Vec<Vec<f32>> = (0..splits)
+        .into_par_iter()
+        .map(|s| {
+            let mut x = vec![0.0f32; m * n];
+            for i in 0..rows {
+                for j in 0..width {
+                    x[at(i, j)] = u[i * cols + s * width + j];
+                }
+            }
+            newton_schulz(&mut x, m, n);
+            x
+        })
+        .collect();
+    let mut out = vec![0.0f32; rows * cols];
+    for (s, x) in parts.iter().enumerate() {
+        for i in 0..rows {
+            for j in 0..width {
+                out[i * cols + s * width + j] = scale * x[at(i, j)];
+            }
+        }
+    }
+    out
+}
+
+/// `x` normalised by its Frobenius norm, then [`STEPS`] iterations of
+/// `X ← aX + (bA + cA²)X` with `A = XXᵀ`, in place.
+///
+/// # Shapes
+/// - x: `[m, n]`, row-major, `m <= n` (so that `A` is the smaller Gram matrix)
+pub fn newton_schulz(x: &mut [f32], m: usize, n: usize) {
+    assert_eq!(x.len(), m * n, "matrix does not match its shape");
+    let norm = x
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt() as f32;
+    let inv = 1.0 / (norm + EPSILON);
+    x.iter_mut().for_each(|v| *v *= inv);
+    let (a, b, c) = COEFFICIENTS;
+    let mut gram = vec![0.0f32; m * m];
+    let mut poly = vec![0.0f32; m * m];
+    let mut next = vec![0.0f32; m * n];
+    for _ in 0..STEPS {
+        let xm = Mat::new(x, m, n);
+        product(&mut gram, xm, xm.t(), false); // A = X Xᵀ
+        let g = Mat::new(&gram, m, m);
+        product(&mut poly, g, g, false); // A²
+        for (p, &g) in poly.iter_mut().zip(&gram) {
+            *p = b * g + c * *p;
+        }
+        for (y, &v) in next.iter_mut().zip(x.iter()) {
+            *y = a * v;
+        }
+        product(&mut next, Mat::new(&poly, m, m), Mat::new(x, m, n), true);
+        x.copy_from_slice(&next);
+    }
+}
+
+/// `out = a · b` (or `+=`), its rows cut into shares of [`ROWS_PER_SHARE`] run in parallel.
+fn product(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
+    let n = b.cols;
+    out.par_chunks_mut(ROWS_PER_SHARE * n)
+        .enumerate()
+        .for_each(|(i, out)| {
+            let r = i * ROWS_PER_SHARE..i * ROWS_PER_SHARE + out.len() / n;
+            matmul(out, a.rows(r), b, accumulate);
+        });
+}
