@@ -61,9 +61,9 @@ overrides! {
     min_lr: f64, "Learning rate at the end of the decay";
     warmup_iters: u64, "Linear warm-up steps";
     lr_decay_iters: u64, "Step at which the decay reaches min_lr";
-    weight_decay: f64, "AdamW weight decay on matrices";
-    beta1: f64, "AdamW beta1";
-    beta2: f64, "AdamW beta2";
+    weight_decay: f64, "Decoupled weight decay on matrices (AdamW's; with muon, Muon's, and AdamW's parameters get none)";
+    beta1: f64, "AdamW beta1 (with muon, AdamW uses 0.8)";
+    beta2: f64, "AdamW beta2 (with muon, AdamW uses 0.95)";
     grad_clip: f64, "Clip the global gradient norm to this; 0 disables";
     gradient_accumulation_steps: usize, "Micro-batches per optimiser step";
     lr_schedule: LrSchedule, "After the warm-up: cosine decay, or trapezoid (the peak held, then a linear cool-down)";

@@ -283,4 +283,66 @@ mod tests {
             assert_eq!(block.attn.c_attn.weight.val().dims(), [16, 48]);
         }
     }
+
+    #[test]
+    fn each_muon_group_takes_its_own_rate_and_update() {
+        let device = Device::flex().autodiff();
+        device.seed(3);
+        let c = TrainConfig {
+            optimizer: OptimizerKind::Muon,
+            learning_rate: 1e-3,
+            embedding_lr: 0.01,
+            muon_lr: 0.02,
+            muon_momentum: 0.95,
+            weight_decay: 0.1,
+            ..TrainConfig::default()
+        };
+        let model = GptConfig::new(11, 8)
+            .with_n_layer(1)
+            .with_n_head(2)
+            .with_n_embd(16)
+            .init(&device)
+            .unwrap();
+        let ids = |seed: i64| {
+            let v: Vec<i64> = (0..16).map(|i| (i * 7 + seed) % 11).collect();
+            Tensor::<2, Int>::from_data(TensorData::new(v, [2, 8]), &device)
+        };
+        let grads = |m: &Gpt| {
+            let loss = m.loss(ids(0), ids(1), None);
+            GradientsParams::from_grads(loss.backward(), m)
+        };
+        let vals = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let qkv = model.blocks[0].attn.c_attn.weight.clone();
+        let qkv_grad = grads(&model).get::<2>(qkv.id).unwrap();
+        let k = 0.5; // the schedule's factor at this step
+        let after =
+            Optim::new(&c, &model).step(c.learning_rate * k, model.clone(), grads(&model), 0.0);
+        let largest_change = |before: Vec<f32>, after: Vec<f32>| {
+            before
+                .iter()
+                .zip(&after)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max)
+        };
+        // AdamW's first step moves each entry by its group's rate (Adam's m / sqrt(v) is ±1).
+        let wte = largest_change(vals(model.wte.weight.val()), vals(after.wte.weight.val()));
+        assert!((wte - 0.01 * 0.5).abs() < 1e-6, "embeddings moved {wte}");
+        let gain = |m: &Gpt| {
+            let t = m.blocks[0].ln_1.gamma.val();
+            t.into_data().try_to_vec::<f32>().unwrap()
+        };
+        let gains = largest_change(gain(&model), gain(&after));
+        assert!((gains - 1e-3 * 0.5).abs() < 1e-7, "gains moved {gains}");
+        // q/k/v: decayed, then Muon's update of three matrices at muon_lr.
+        let lr = (0.02 * 0.5) as f32;
+        let u = cinder_model::ops::muon::orthogonalised(qkv_grad * (1.0 - 0.95 * 0.95), 3);
+        let expected: Vec<f32> = vals(qkv.val())
+            .iter()
+            .zip(vals(u))
+            .map(|(p, u)| p * (1.0 - lr * 0.1) - lr * u)
+            .collect();
+        let got = vals(after.blocks[0].attn.c_attn.weight.val());
+        let d = largest_change(expected, got);
+        assert!(d < 1e-6, "q/k/v differ from Muon's update by {d}");
+    }
 }

@@ -304,13 +304,16 @@ mod tests {
             v: vec![0.0; c * out],
             ..p.clone()
         };
-        for step in 0..3 {
+        // A clipping factor that changes between steps: a lost factor would weigh the
+        // momentum's terms wrongly (a constant one cancels in the normalisation).
+        for (step, clip) in [(0, 0.5f32), (1, 1.0), (2, 0.25)] {
+            muon.grad_scale.store(clip.to_bits(), Ordering::Relaxed);
             let g = random(c, out, 20 + step);
             let (next, s) = muon.step(lr, tensor_p, tensor(&g), state);
             (tensor_p, state) = (next, s);
             // The reference: clipped gradient, lerp momentum, Nesterov, then torch_recipe's
             // update on the PyTorch layout.
-            let g = g.lin(0.5, &g, 0.0);
+            let g = g.lin(f64::from(clip), &g, 0.0);
             buf = buf.lin(beta, &g, 1.0 - beta);
             let u = g.lin(1.0 - beta, &buf, beta);
             let update = reference_update(&u.t()).t();
