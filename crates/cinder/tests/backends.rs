@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use burn::prelude::*;
-use cinder::config::TrainConfig;
+use cinder::config::{OptimizerKind, TrainConfig};
 use cinder::data::ids_tensor;
 use cinder::device::Backend;
 use cinder::run::trainer::Trainer;
@@ -23,12 +23,27 @@ fn gpu() -> Backend {
         .expect("wgpu needs a Vulkan driver: apt-get install mesa-vulkan-drivers libvulkan1")
 }
 
+/// The tiny config without dropout, trained by `optimizer`.
+fn config(optimizer: OptimizerKind) -> TrainConfig {
+    TrainConfig {
+        dropout: 0.0,
+        optimizer,
+        ..tiny_config()
+    }
+}
+
 /// A trainer on `backend` resumed from the checkpoint `from`, or a new one written to `out`.
 fn trainer(backend: Backend, dir: &Path, from: Option<&Path>, out: &str) -> Trainer {
-    let config = TrainConfig {
-        dropout: 0.0,
-        ..tiny_config()
-    };
+    trainer_with(config(OptimizerKind::Adamw), backend, dir, from, out)
+}
+
+fn trainer_with(
+    config: TrainConfig,
+    backend: Backend,
+    dir: &Path,
+    from: Option<&Path>,
+    out: &str,
+) -> Trainer {
     let data_path = corpus_in(dir);
     let data = common::training_data(&data_path, &config);
     match from {
@@ -122,6 +137,34 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
         assert!(
             diff < 1e-3,
             "{written} checkpoint: cached logits differ by {diff}"
+        );
+    }
+}
+
+#[test]
+fn muon_steps_agree_across_backends() {
+    // Muon's update is the composite one on wgpu and the fused one on the CPU.
+    let dir = tempfile::tempdir().unwrap();
+    let (cpu, gpu) = (common::backend(), gpu());
+    let c = config(OptimizerKind::Muon);
+    let mut on_cpu = trainer_with(c.clone(), cpu, dir.path(), None, "cpu");
+    on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
+    let ckpt = dir.path().join("cpu").join(LATEST);
+    // Throwaway steps first, as above: kernels settle on their first uses.
+    let mut warm_up = trainer_with(c.clone(), gpu.clone(), dir.path(), Some(&ckpt), "warm-up");
+    for _ in 0..4 {
+        warm_up.step();
+    }
+    drop(warm_up);
+    let mut on_gpu = trainer_with(c, gpu, dir.path(), Some(&ckpt), "gpu");
+    for _ in 0..4 {
+        let (a, b) = (on_cpu.step(), on_gpu.step());
+        assert!(
+            (a.loss - b.loss).abs() < 1e-3,
+            "iteration {}: cpu {} gpu {}",
+            a.iter,
+            a.loss,
+            b.loss
         );
     }
 }
