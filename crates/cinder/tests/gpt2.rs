@@ -224,6 +224,33 @@ fn import_then_export_gives_the_same_tensor_values() {
     );
 }
 
+/// A model whose activation no GPT-2 folder can express is refused by name, and nothing is
+/// written.
+#[test]
+fn export_refuses_relu2_by_name() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let device = common::backend().device;
+    let config = cinder::config::TrainConfig {
+        n_layer: N_LAYER,
+        n_head: 4,
+        n_embd: N_EMBD,
+        block_size: N_POSITIONS,
+        activation: Activation::Relu2,
+        ..cinder::config::TrainConfig::default()
+    };
+    let tok = cinder_data::Tokenizer::Bpe(tokenizer());
+    let model = config.model(tok.vocab_size()).init(&device).unwrap();
+    let folder = dir.path().join("gpt2");
+    let err = cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("activation") && message.contains("relu2"),
+        "{message}"
+    );
+    assert!(!folder.exists(), "nothing written");
+}
+
 /// A cinder model with GPT-2's tanh GELU and an unusual epsilon, exported and imported: the
 /// imported model (fused layers) gives the logits of the original on Burn's composite layers.
 #[test]

@@ -1,5 +1,5 @@
-//! GELU, `x * Φ(x)`, and its derivative: exact (erf), or GPT-2's tanh approximation
-//! (Hugging Face's `gelu_new`).
+//! The MLP's activation and its derivative: GELU, `x * Φ(x)`, exact (erf) or GPT-2's tanh
+//! approximation (Hugging Face's `gelu_new`); or ReLU², `max(0, x)²` (the nanoGPT speedrun's).
 
 use rayon::prelude::*;
 
@@ -15,13 +15,22 @@ const TANH_CUBIC: f32 = 0.044_715;
 /// Elements per rayon task.
 const CHUNK: usize = 16 * 1024;
 
-/// Which GELU.
+/// Which activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// `x * Φ(x)` with the error function.
     Erf,
     /// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
     Tanh,
+    /// `max(0, x)²`.
+    Relu2,
+}
+
+/// `(relu(z)², 2 relu(z))`.
+#[inline(always)]
+fn relu2_value_and_derivative(z: f32) -> (f32, f32) {
+    let r = z.max(0.0);
+    (r * r, 2.0 * r)
 }
 
 /// `(gelu(z), gelu'(z))`, exact.
@@ -92,6 +101,7 @@ multiversion! {
         match kind {
             Kind::Erf => apply(erf_value_and_derivative, x, bias, out),
             Kind::Tanh => apply(tanh_value_and_derivative, x, bias, out),
+            Kind::Relu2 => apply(relu2_value_and_derivative, x, bias, out),
         }
     }
 }

@@ -190,8 +190,12 @@ fn gelu_matches_its_definition_and_derivative() {
         let u = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
         0.5 * v * (1.0 + u.tanh())
     };
-    let kinds: [(gelu::Kind, &dyn Fn(f64) -> f64); 2] =
-        [(gelu::Kind::Erf, &exact), (gelu::Kind::Tanh, &tanh)];
+    let relu2 = |v: f64| v.max(0.0) * v.max(0.0);
+    let kinds: [(gelu::Kind, &dyn Fn(f64) -> f64); 3] = [
+        (gelu::Kind::Erf, &exact),
+        (gelu::Kind::Tanh, &tanh),
+        (gelu::Kind::Relu2, &relu2),
+    ];
     for (kind, f) in kinds {
         let mut derivative = x.clone();
         let mut out = vec![0.0; x.len()];

@@ -51,7 +51,7 @@ pub struct GptConfig {
     /// Whether linear layers and LayerNorms have a bias.
     #[config(default = true)]
     pub bias: bool,
-    /// The MLP's GELU.
+    /// The MLP's activation.
     #[config(default = "Activation::Gelu")]
     pub activation: Activation,
     /// The epsilon of every LayerNorm.
@@ -59,7 +59,7 @@ pub struct GptConfig {
     pub layer_norm_epsilon: f64,
 }
 
-/// The GELU of the MLP, named as in config files.
+/// The MLP's activation, named as in config files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
@@ -68,6 +68,8 @@ pub enum Activation {
     Gelu,
     /// GPT-2's tanh approximation (Hugging Face's `gelu_new`, the released GPT-2 weights').
     GeluTanh,
+    /// `max(0, x)²` (the nanoGPT speedrun's; no GPT-2 folder can express it).
+    Relu2,
 }
 
 impl GptConfig {

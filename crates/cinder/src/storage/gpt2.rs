@@ -367,6 +367,19 @@ pub fn export(
     config: &TrainConfig,
     tokenizer: &Tokenizer,
 ) -> Result<(), Gpt2Error> {
+    let activation = match config.activation {
+        Activation::Gelu => "gelu",
+        Activation::GeluTanh => "gelu_new",
+        Activation::Relu2 => {
+            return Err(Gpt2Error::Unsupported {
+                path: dir.join(CONFIG),
+                field: "activation",
+                value: "relu2".into(),
+                allowed: "gelu or gelu_tanh in a GPT-2 folder (its config.json has no ReLU²)"
+                    .into(),
+            });
+        }
+    };
     for name in [CONFIG, WEIGHTS, TOKENIZER_JSON, TOKENIZER_CONFIG] {
         if dir.join(name).exists() {
             return Err(Gpt2Error::Exists {
@@ -417,10 +430,7 @@ pub fn export(
         "n_layer": config.n_layer,
         "n_head": config.n_head,
         "n_inner": null,
-        "activation_function": match config.activation {
-            Activation::Gelu => "gelu",
-            Activation::GeluTanh => "gelu_new",
-        },
+        "activation_function": activation,
         "layer_norm_epsilon": config.layer_norm_epsilon,
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,

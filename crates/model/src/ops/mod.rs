@@ -237,6 +237,7 @@ pub(crate) fn linear_activation<const D: usize>(
         composite => match activation {
             Activation::Gelu => composite_gelu(l.forward(x)),
             Activation::GeluTanh => gelu_approximate(l.forward(x)),
+            Activation::Relu2 => burn::tensor::activation::relu(l.forward(x)).square(),
         },
     )
 }

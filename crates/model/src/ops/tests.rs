@@ -201,6 +201,8 @@ fn linear_activation_matches_burn() {
         (false, Activation::Gelu),
         (true, Activation::GeluTanh),
         (false, Activation::GeluTanh),
+        (true, Activation::Relu2),
+        (false, Activation::Relu2),
     ];
     for (bias, activation) in cases {
         let mut l = LinearConfig::new(16, 40).with_bias(bias).init(&device());

@@ -163,6 +163,7 @@ pub fn activation<const D: usize>(
     let kind = match activation {
         Activation::Gelu => gelu::Kind::Erf,
         Activation::GeluTanh => gelu::Kind::Tanh,
+        Activation::Relu2 => gelu::Kind::Relu2,
     };
     let device = x.device();
     Tensor::from_dispatch(<Dispatch as Layers>::gelu(
