@@ -1,5 +1,7 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
+use cinder_model::Activation;
+
 use crate::config::{LrSchedule, OptimizerKind, TrainConfig, architecture};
 
 /// A config field set from the command line: its name and new value, as text.
@@ -57,6 +59,7 @@ overrides! {
     n_embd: usize, "Embedding width";
     dropout: f64, "Dropout probability while training, in [0, 1)";
     bias: bool, "Biases in linear layers and LayerNorms";
+    activation: Activation, "The MLP's activation: gelu, gelu_tanh (GPT-2's weights') or relu2 (max(0, x)²)";
     learning_rate: f64, "Peak learning rate";
     min_lr: f64, "Learning rate at the end of the decay";
     warmup_iters: u64, "Linear warm-up steps";
@@ -210,7 +213,7 @@ mod tests {
     fn help_shows_the_built_in_defaults() {
         let help = Flags::command().render_help().to_string();
         let defaults = flag_defaults();
-        assert_eq!(defaults.len(), 31, "every override has a flag");
+        assert_eq!(defaults.len(), 32, "every override has a flag");
         for (field, value) in defaults {
             let flag = format!("--{}", field.replace('_', "-"));
             // clap wraps long help: the flag's entry runs to the next flag.

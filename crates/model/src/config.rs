@@ -72,6 +72,40 @@ pub enum Activation {
     Relu2,
 }
 
+impl Activation {
+    /// Every activation, in the order `--help` lists them.
+    pub const ALL: [Activation; 3] = [Activation::Gelu, Activation::GeluTanh, Activation::Relu2];
+
+    /// The name config files use (`gelu_tanh`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Relu2 => "relu2",
+        }
+    }
+}
+
+impl std::fmt::Display for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Activation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|a| a.name()).collect();
+                format!("`{s}` is not an activation: {}", names.join(", "))
+            })
+    }
+}
+
 impl GptConfig {
     /// Checks every field; the error names the first field that is out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -191,6 +225,17 @@ mod tests {
 
     fn valid() -> GptConfig {
         GptConfig::new(10, 8)
+    }
+
+    #[test]
+    fn activation_names_are_the_config_files() {
+        for a in Activation::ALL {
+            let serde_name = serde_json::to_value(a).unwrap();
+            assert_eq!(serde_name.as_str(), Some(a.name()));
+            assert_eq!(a.name().parse::<Activation>(), Ok(a));
+        }
+        let err = "swish".parse::<Activation>().unwrap_err();
+        assert!(err.contains("gelu, gelu_tanh, relu2"), "{err}");
     }
 
     #[test]
