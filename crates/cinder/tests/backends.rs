@@ -55,6 +55,31 @@ fn trainer_with(
     }
 }
 
+/// A few throwaway steps on the GPU from the checkpoint `ckpt`: wgpu's kernels are fused and
+/// autotuned on their first uses, and on lavapipe a step taken while that happens was seen to
+/// differ (2 runs in 15 of the agreement test, by 0.017 at its third step). Compared steps then
+/// run on settled kernels.
+fn settle_kernels(config: TrainConfig, gpu: &Backend, dir: &Path, ckpt: &Path) {
+    let mut warm_up = trainer_with(config, gpu.clone(), dir, Some(ckpt), "warm-up");
+    for _ in 0..4 {
+        warm_up.step();
+    }
+}
+
+/// Four steps of both trainers, from identical weights and batches, give the same losses.
+fn four_steps_agree(on_cpu: &mut Trainer, on_gpu: &mut Trainer) {
+    for _ in 0..4 {
+        let (a, b) = (on_cpu.step(), on_gpu.step());
+        assert!(
+            (a.loss - b.loss).abs() < 1e-3,
+            "iteration {}: cpu {} gpu {}",
+            a.iter,
+            a.loss,
+            b.loss
+        );
+    }
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
@@ -70,14 +95,7 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     let mut on_cpu = trainer(cpu.clone(), dir.path(), None, "cpu");
     on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
     let ckpt = dir.path().join("cpu").join(LATEST);
-    // A few throwaway steps on the GPU first: wgpu's kernels are fused and autotuned on their
-    // first uses, and on lavapipe a step taken while that happens was seen to differ (1 run in 7
-    // of this test, by 0.017 at its third step). Compared steps then run on settled kernels.
-    let mut warm_up = trainer(gpu.clone(), dir.path(), Some(&ckpt), "warm-up");
-    for _ in 0..4 {
-        warm_up.step();
-    }
-    drop(warm_up);
+    settle_kernels(config(OptimizerKind::Adamw), &gpu, dir.path(), &ckpt);
     let mut on_gpu = trainer(gpu.clone(), dir.path(), Some(&ckpt), "gpu");
 
     // Forward pass.
@@ -96,16 +114,7 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     assert!(diff < 1e-4, "logits differ by {diff}");
 
     // A few training steps from identical weights and batches.
-    for _ in 0..4 {
-        let (a, b) = (on_cpu.step(), on_gpu.step());
-        assert!(
-            (a.loss - b.loss).abs() < 1e-3,
-            "iteration {}: cpu {} gpu {}",
-            a.iter,
-            a.loss,
-            b.loss
-        );
-    }
+    four_steps_agree(&mut on_cpu, &mut on_gpu);
 
     // A checkpoint written on the GPU loads and samples on the CPU, and the other way round.
     on_gpu.run(&mut (), &AtomicBool::new(true)).unwrap();
@@ -150,23 +159,9 @@ fn muon_steps_agree_across_backends() {
     let mut on_cpu = trainer_with(c.clone(), cpu, dir.path(), None, "cpu");
     on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
     let ckpt = dir.path().join("cpu").join(LATEST);
-    // Throwaway steps first, as above: kernels settle on their first uses.
-    let mut warm_up = trainer_with(c.clone(), gpu.clone(), dir.path(), Some(&ckpt), "warm-up");
-    for _ in 0..4 {
-        warm_up.step();
-    }
-    drop(warm_up);
+    settle_kernels(c.clone(), &gpu, dir.path(), &ckpt);
     let mut on_gpu = trainer_with(c, gpu, dir.path(), Some(&ckpt), "gpu");
-    for _ in 0..4 {
-        let (a, b) = (on_cpu.step(), on_gpu.step());
-        assert!(
-            (a.loss - b.loss).abs() < 1e-3,
-            "iteration {}: cpu {} gpu {}",
-            a.iter,
-            a.loss,
-            b.loss
-        );
-    }
+    four_steps_agree(&mut on_cpu, &mut on_gpu);
 }
 
 #[test]

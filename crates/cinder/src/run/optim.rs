@@ -165,6 +165,22 @@ mod tests {
         c.0
     }
 
+    /// A one-block model of 11 tokens, context 8, width 16.
+    fn one_block(device: &Device) -> Gpt {
+        GptConfig::new(11, 8)
+            .with_n_layer(1)
+            .with_n_head(2)
+            .with_n_embd(16)
+            .init(device)
+            .unwrap()
+    }
+
+    /// Two rows of 8 token ids, shifted by `seed`.
+    fn ids(seed: i64, device: &Device) -> Tensor<2, Int> {
+        let v: Vec<i64> = (0..16).map(|i| (i * 7 + seed) % 11).collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [2, 8]), device)
+    }
+
     /// Burn's AdamW on gradients clipped with Burn's tensor operations: the reference.
     fn reference_step(
         optim: &mut ModuleOptimizer,
@@ -208,12 +224,7 @@ mod tests {
             weight_decay: 0.1,
             ..TrainConfig::default()
         };
-        let model = GptConfig::new(11, 8)
-            .with_n_layer(1)
-            .with_n_head(2)
-            .with_n_embd(16)
-            .init(&device)
-            .unwrap();
+        let model = one_block(&device);
         let mut fused = Optim::new(&c, &model);
         let decayed = AdamWConfig::new()
             .with_beta_1(c.beta1 as f32)
@@ -226,10 +237,7 @@ mod tests {
             None,
         );
         let (mut a, mut b) = (model.clone(), model);
-        let ids = |seed: i64| {
-            let v: Vec<i64> = (0..16).map(|i| (i * 7 + seed) % 11).collect();
-            Tensor::<2, Int>::from_data(TensorData::new(v, [2, 8]), &device)
-        };
+        let ids = |seed| ids(seed, &device);
         // A small max_norm: the first steps are clipped, and the check would see a lost scale.
         for (step, max_norm) in [(0, 0.05), (1, 0.05), (2, 0.0), (3, 100.0)] {
             let grads = |m: &Gpt| {
@@ -297,16 +305,8 @@ mod tests {
             weight_decay: 0.1,
             ..TrainConfig::default()
         };
-        let model = GptConfig::new(11, 8)
-            .with_n_layer(1)
-            .with_n_head(2)
-            .with_n_embd(16)
-            .init(&device)
-            .unwrap();
-        let ids = |seed: i64| {
-            let v: Vec<i64> = (0..16).map(|i| (i * 7 + seed) % 11).collect();
-            Tensor::<2, Int>::from_data(TensorData::new(v, [2, 8]), &device)
-        };
+        let model = one_block(&device);
+        let ids = |seed| ids(seed, &device);
         let grads = |m: &Gpt| {
             let loss = m.loss(ids(0), ids(1), None);
             GradientsParams::from_grads(loss.backward(), m)
