@@ -1,21 +1,79 @@
 #!/usr/bin/env bash
-# The default training run (tiny_cpu, 2,000 iterations) by cinder and by the PyTorch reference,
-# one after the other on the same machine, each timed. Prints both final validation losses.
-#   scripts/compare_train.sh [path/to/torch_reference.py]
-# Needs: cargo build --release; pip install torch numpy.
+# cinder's default run beside nanoGPT's recipe, one after the other on the same machine, each
+# timed from start to exit (evaluations included). Prints a table of wall time and final
+# validation loss:
+#   - cinder, configs/tiny_cpu.toml (the default run: RoPE, RMSNorm, QK-norm, ReLU², Muon, ...)
+#   - cinder, configs/nanogpt_cpu.toml (nanoGPT's recipe, the default run before)
+#   - the PyTorch reference of nanoGPT's model and recipe (../shared/bench/torch_reference.py)
+#   - nanoGPT's own train.py with its CPU recipe (README: 4x4x128, context 64, batch 12, 2,000
+#     iterations, nine evaluations of 2 x 200 batches), when a nanoGPT checkout is given
+#
+#   scripts/compare_train.sh [--seed N] [--nanogpt path/to/nanoGPT] [--reference path/to/torch_reference.py]
+#
+# Needs: cargo build --release; pip install torch numpy. For nanoGPT: a checkout of
+# karpathy/nanoGPT; the script copies data/tinyshakespeare.txt to its
+# data/shakespeare_char/input.txt (in place of its download) and runs its prepare.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ref=${1:-../shared/bench/torch_reference.py}
+seed=1337
+nanogpt=""
+ref=../shared/bench/torch_reference.py
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seed) seed=$2; shift 2 ;;
+    --nanogpt) nanogpt=$2; shift 2 ;;
+    --reference) ref=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 threads=$(nproc)
-echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $threads cores; $(date -u +%F)"
-echo "== cinder: train (configs/tiny_cpu.toml)"
-rm -rf checkpoints/compare_tiny_cpu
-start=$(date +%s.%N)
-./target/release/train --out checkpoints/compare_tiny_cpu --quiet
-end=$(date +%s.%N)
-echo "cinder wall seconds: $(echo "$end - $start" | bc)"
-echo "== PyTorch reference: train --iters 2000 ($threads threads)"
-start=$(date +%s.%N)
-python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" train --iters 2000
-end=$(date +%s.%N)
-echo "torch wall seconds: $(echo "$end - $start" | bc)"
+echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $threads cores; $(date -u '+%F %H:%M') UTC; seed $seed"
+rows=()
+
+# Wall seconds of a command (its output goes to $log).
+timed() {
+  local start end
+  start=$(date +%s.%N)
+  "$@" > "$log" 2>&1
+  end=$(date +%s.%N)
+  echo "$end - $start" | bc
+}
+# The last validation loss of a cinder run folder's metrics.csv.
+last_val() { awk -F, 'NR > 1 && $3 != "" { v = $3 } END { print v }' "$1/metrics.csv"; }
+
+for recipe in tiny_cpu nanogpt_cpu; do
+  out=checkpoints/compare_$recipe
+  log=$(mktemp)
+  wall=$(timed ./target/release/train --config configs/$recipe.toml --out "$out" --overwrite \
+    --seed "$seed" --quiet)
+  rows+=("cinder configs/$recipe.toml|$wall|$(last_val "$out")")
+done
+
+if [ -f "$ref" ]; then
+  log=$(mktemp)
+  wall=$(timed python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" \
+    --seed "$seed" train --iters 2000)
+  val=$(grep -o '"val[_a-z]*": *[0-9.]*' "$log" | tail -1 | grep -o '[0-9.]*$' || true)
+  rows+=("PyTorch reference (nanoGPT's recipe)|$wall|${val:-see $log}")
+fi
+
+if [ -n "$nanogpt" ]; then
+  data="$nanogpt/data/shakespeare_char"
+  cp data/tinyshakespeare.txt "$data/input.txt"
+  (cd "$data" && python3 prepare.py > /dev/null)
+  log=$(mktemp)
+  wall=$(cd "$nanogpt" && timed python3 train.py config/train_shakespeare_char.py --device=cpu \
+    --compile=False --log_interval=100 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 \
+    --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 \
+    --out_dir=/tmp/compare-nanogpt) # (train.py's seed is its own: 1337)
+  val=$(grep -o 'step 2000: .*val loss [0-9.]*' "$log" | grep -o '[0-9.]*$' || true)
+  rows+=("nanoGPT train.py (its CPU recipe)|$wall|${val:-see $log}")
+fi
+
+echo
+printf '| %-40s | %10s | %8s |\n' "run" "wall (s)" "val"
+printf '| %-40s | %10s | %8s |\n' "---" "---" "---"
+for row in "${rows[@]}"; do
+  IFS='|' read -r name wall val <<< "$row"
+  printf '| %-40s | %10.1f | %8s |\n' "$name" "$wall" "$val"
+done

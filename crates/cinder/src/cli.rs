@@ -1,6 +1,6 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
-use cinder_model::Activation;
+use cinder_model::{Activation, Norm, Position};
 
 use crate::config::{LrSchedule, OptimizerKind, TrainConfig, architecture};
 
@@ -16,7 +16,7 @@ macro_rules! overrides {
         /// One optional flag per config field, named like nanoGPT's keys in kebab case.
         /// A flag given wins over the config file, which wins over the built-in default.
         #[derive(Debug, Default, Clone, clap::Args)]
-        #[command(next_help_heading = "Config overrides (flag > config file > built-in default)")]
+        #[command(next_help_heading = "Config overrides (flag > config file > built-in default: nanoGPT's recipe)")]
         pub struct Overrides {
             $(
                 #[arg(
@@ -60,6 +60,12 @@ overrides! {
     dropout: f64, "Dropout probability while training, in [0, 1)";
     bias: bool, "Biases in linear layers and LayerNorms";
     activation: Activation, "The MLP's activation: gelu, gelu_tanh (GPT-2's weights') or relu2 (max(0, x)²)";
+    position: Position, "Positions: learned (an embedding per position) or rope (rotary embeddings on queries and keys)";
+    norm: Norm, "layernorm, or rmsnorm (no gain; also after the embedding)";
+    qk_norm: bool, "RMS-normalise each head's queries and keys";
+    logit_softcap: f64, "Soft-cap the logits at this (c·tanh(logits/c)); 0 disables";
+    tie_embeddings: bool, "The head is the token embedding (false: a matrix of its own)";
+    zero_init: bool, "Residual output projections and an untied head start at zero";
     learning_rate: f64, "Peak learning rate";
     min_lr: f64, "Learning rate at the end of the decay";
     warmup_iters: u64, "Linear warm-up steps";
@@ -75,6 +81,7 @@ overrides! {
     muon_lr: f64, "Muon's peak learning rate";
     muon_momentum: f64, "Muon's momentum";
     embedding_lr: f64, "With muon: the embeddings' peak learning rate";
+    head_lr: f64, "With muon and an untied head: the head's peak learning rate";
     eval_interval: u64, "Evaluate every this many steps";
     eval_iters: usize, "Batches averaged per evaluation";
     log_interval: u64, "Log the training loss every this many steps";
@@ -213,7 +220,7 @@ mod tests {
     fn help_shows_the_built_in_defaults() {
         let help = Flags::command().render_help().to_string();
         let defaults = flag_defaults();
-        assert_eq!(defaults.len(), 32, "every override has a flag");
+        assert_eq!(defaults.len(), 39, "every override has a flag");
         for (field, value) in defaults {
             let flag = format!("--{}", field.replace('_', "-"));
             // clap wraps long help: the flag's entry runs to the next flag.

@@ -1,9 +1,10 @@
-//! The run configuration: what `configs/*.toml` hold, with built-in defaults (the tiny CPU recipe)
-//! and checks that name the field and its allowed range.
+//! The run configuration: what `configs/*.toml` hold, with built-in defaults (nanoGPT's CPU
+//! recipe, which a field left out of a config file or an older checkpoint means) and checks that
+//! name the field and its allowed range.
 
 use std::path::{Path, PathBuf};
 
-use cinder_model::{Activation, GptConfig};
+use cinder_model::{Activation, GptConfig, Norm, Position};
 use serde::{Deserialize, Serialize};
 
 /// A configuration file that could not be used, or a value out of range.
@@ -37,9 +38,21 @@ pub struct TrainConfig {
     pub block_size: usize,
     pub dropout: f64,
     pub bias: bool,
-    /// `gelu` (exact) or `gelu_tanh` (GPT-2's released weights).
+    /// `gelu` (exact), `gelu_tanh` (GPT-2's released weights) or `relu2`.
     pub activation: Activation,
     pub layer_norm_epsilon: f64,
+    /// `learned` (GPT-2's) or `rope` ([`Position`]).
+    pub position: Position,
+    /// `layernorm` (GPT-2's) or `rmsnorm` ([`Norm`]).
+    pub norm: Norm,
+    /// RMS-normalise each head's queries and keys.
+    pub qk_norm: bool,
+    /// `c · tanh(logits / c)`; 0 is off.
+    pub logit_softcap: f64,
+    /// The head is the token embedding (GPT-2's), or a matrix of its own.
+    pub tie_embeddings: bool,
+    /// Residual output projections (and an untied head) start at zero.
+    pub zero_init: bool,
     // Optimisation.
     pub batch_size: usize,
     pub max_iters: u64,
@@ -65,6 +78,8 @@ pub struct TrainConfig {
     pub muon_momentum: f64,
     /// With Muon: the embeddings' peak learning rate (AdamW).
     pub embedding_lr: f64,
+    /// With Muon and an untied head: the head's peak learning rate (AdamW).
+    pub head_lr: f64,
     // Evaluation, logging, checkpoints.
     pub eval_interval: u64,
     pub eval_iters: usize,
@@ -151,9 +166,15 @@ impl std::fmt::Display for OptimizerKind {
 /// Tokens of a BPE trained with `tokenizer = "bpe"` and no `vocab_size`.
 pub const DEFAULT_BPE_VOCAB: usize = 2048;
 
+/// `configs/tiny_cpu.toml`, the default run's recipe, as built into the program (`train` uses it
+/// when the file is not there).
+const DEFAULT_RUN: &str = include_str!("../../../configs/tiny_cpu.toml");
+
 impl Default for TrainConfig {
-    /// The tiny CPU recipe (`configs/tiny_cpu.toml`): the model's own defaults ([`GptConfig`])
-    /// with a context of 64.
+    /// nanoGPT's CPU recipe (`configs/nanogpt_cpu.toml`): the model's own defaults
+    /// ([`GptConfig`], GPT-2's architecture) with a context of 64, and AdamW with a cosine
+    /// schedule. A field that a config file or a checkpoint leaves out takes its value here: the
+    /// behaviour from before the field existed. The default run is [`TrainConfig::default_run`].
     fn default() -> Self {
         let model = GptConfig::new(0, 64);
         Self {
@@ -165,6 +186,12 @@ impl Default for TrainConfig {
             bias: model.bias,
             activation: model.activation,
             layer_norm_epsilon: model.layer_norm_epsilon,
+            position: model.position,
+            norm: model.norm,
+            qk_norm: model.qk_norm,
+            logit_softcap: model.logit_softcap,
+            tie_embeddings: model.tie_embeddings,
+            zero_init: model.zero_init,
             batch_size: 12,
             max_iters: 2000,
             learning_rate: 1e-3,
@@ -182,6 +209,7 @@ impl Default for TrainConfig {
             muon_lr: 0.02,
             muon_momentum: 0.95,
             embedding_lr: 0.01,
+            head_lr: 0.004,
             eval_interval: 250,
             eval_iters: 200,
             log_interval: 10,
@@ -196,6 +224,11 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The default run's recipe, `configs/tiny_cpu.toml`, as built into the program.
+    pub fn default_run() -> Self {
+        Self::parse(DEFAULT_RUN).expect("configs/tiny_cpu.toml parses (a test checks it)")
+    }
+
     /// Reads a TOML file; fields it leaves out take the built-in defaults.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -334,7 +367,12 @@ impl TrainConfig {
             c.cooldown_fraction.to_string(),
             "in [0, 1]",
         )?;
-        for (field, value) in [("muon_lr", c.muon_lr), ("embedding_lr", c.embedding_lr)] {
+        let rates = [
+            ("muon_lr", c.muon_lr),
+            ("embedding_lr", c.embedding_lr),
+            ("head_lr", c.head_lr),
+        ];
+        for (field, value) in rates {
             check(
                 value > 0.0 && value.is_finite(),
                 field,
@@ -423,11 +461,26 @@ mod tests {
     #[test]
     fn shipped_configs_parse_and_validate() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let nanogpt = TrainConfig::load(&dir.join("nanogpt_cpu.toml")).unwrap();
+        assert_eq!(
+            nanogpt,
+            TrainConfig::default(),
+            "nanogpt_cpu.toml is the built-in default"
+        );
         let tiny = TrainConfig::load(&dir.join("tiny_cpu.toml")).unwrap();
         assert_eq!(
             tiny,
-            TrainConfig::default(),
-            "tiny_cpu.toml is the built-in default"
+            TrainConfig::default_run(),
+            "the built-in copy is the file"
+        );
+        assert_eq!(
+            (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.block_size),
+            (4, 4, 128, 64),
+            "the default run trains nanoGPT's tiny model"
+        );
+        assert_eq!(
+            (tiny.position, tiny.norm, tiny.optimizer),
+            (Position::Rope, Norm::Rmsnorm, OptimizerKind::Muon)
         );
         let gpu = TrainConfig::load(&dir.join("shakespeare_char.toml")).unwrap();
         assert_eq!((gpu.n_layer, gpu.n_head, gpu.n_embd), (6, 6, 384));
@@ -436,39 +489,69 @@ mod tests {
             (256, 64, 5000)
         );
         assert_eq!(gpu.dropout, 0.2);
-        tiny.validate().unwrap();
-        gpu.validate().unwrap();
+        assert_eq!(
+            (gpu.position, gpu.optimizer),
+            (Position::Learned, OptimizerKind::Adamw),
+            "shakespeare_char.toml stays nanoGPT's GPU recipe"
+        );
         let bpe = TrainConfig::load(&dir.join("shakespeare_bpe.toml")).unwrap();
-        assert_eq!((bpe.tokenizer.as_str(), bpe.vocab_size), ("bpe", 2048));
         assert_eq!(
             bpe,
             TrainConfig {
                 tokenizer: "bpe".into(),
                 vocab_size: 2048,
-                ..TrainConfig::default()
+                ..tiny.clone()
             },
             "shakespeare_bpe.toml is tiny_cpu with a BPE"
         );
-        bpe.validate().unwrap();
-        let muon = TrainConfig::load(&dir.join("tiny_cpu_muon.toml")).unwrap();
+        let long = TrainConfig::load(&dir.join("shakespeare_10min.toml")).unwrap();
         assert_eq!(
-            muon,
-            TrainConfig {
-                batch_size: 24,
-                max_iters: 750,
-                lr_decay_iters: 750,
-                lr_schedule: LrSchedule::Trapezoid,
-                optimizer: OptimizerKind::Muon,
-                grad_clip: 0.0,
-                ..TrainConfig::default()
-            },
-            "tiny_cpu_muon.toml is tiny_cpu with Muon, the trapezoid, and 750 steps of 24"
+            (long.position, long.optimizer),
+            (tiny.position, tiny.optimizer)
         );
-        muon.validate().unwrap();
+        for c in [&nanogpt, &tiny, &gpu, &bpe, &long] {
+            c.validate().unwrap();
+        }
         let finetune = TrainConfig::load(&dir.join("finetune_shakespeare.toml")).unwrap();
         assert_eq!(finetune.init_from.as_deref(), Some(Path::new("gpt2")));
         assert_eq!((finetune.block_size, finetune.batch_size), (256, 4));
+        assert_eq!(finetune.optimizer, OptimizerKind::Adamw);
         finetune.validate().unwrap();
+    }
+
+    /// A recipe names every model option and the optimizer and schedule, so that it keeps its
+    /// meaning whatever the built-in defaults become (fine-tuning takes the model's from its
+    /// checkpoint).
+    #[test]
+    fn every_shipped_recipe_names_the_model_options_and_the_optimizer() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let named = [
+            "position",
+            "norm",
+            "qk_norm",
+            "activation",
+            "logit_softcap",
+            "tie_embeddings",
+            "zero_init",
+            "bias",
+            "optimizer",
+            "lr_schedule",
+        ];
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().unwrap() == "finetune_shakespeare.toml" {
+                continue;
+            }
+            let table: toml::Table =
+                toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            for field in named {
+                assert!(
+                    table.contains_key(field),
+                    "{} does not name {field}",
+                    path.display()
+                );
+            }
+        }
     }
 
     #[test]
@@ -495,8 +578,9 @@ mod tests {
         assert_eq!(c.model(7), expected);
         let mut fields = architecture();
         fields.sort();
-        let expected = "activation bias block_size layer_norm_epsilon n_embd n_head n_layer \
-                        tokenizer vocab_size";
+        let expected = "activation bias block_size layer_norm_epsilon logit_softcap n_embd \
+                        n_head n_layer norm position qk_norm tie_embeddings tokenizer vocab_size \
+                        zero_init";
         assert_eq!(fields.join(" "), expected);
     }
 

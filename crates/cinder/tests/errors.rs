@@ -283,8 +283,10 @@ fn diverging_loss_stops_with_an_error_and_keeps_the_checkpoint() {
                 ("--checkpoint-interval", "1"),
                 ("--warmup-iters", "0"),
                 ("--max-iters", "50"),
+                ("--learning-rate", "1e30"),
+                ("--grad-clip", "0"),
             ]))
-            .args(["--learning-rate", "1e30", "--grad-clip", "0", "--out"])
+            .arg("--out")
             .arg(&run),
         &[
             "training loss became",

@@ -359,10 +359,14 @@ fn losses_in(metrics: &Path) -> Vec<(u64, f32)> {
         .collect()
 }
 
-#[test]
-fn a_checkpoint_from_before_the_fused_layers_resumes_on_the_same_path() {
+/// Resumes the run of the fixture folder `name` (see its README) from its checkpoint to
+/// iteration 8, and compares each training loss this run produced with the fixture's run
+/// trained straight through, to `tolerance`.
+fn resumes_on_the_same_path(name: &str, tolerance: f32) {
     let _serial = serial();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/before_fused");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     std::fs::create_dir_all(run.join("latest")).unwrap();
@@ -397,17 +401,30 @@ fn a_checkpoint_from_before_the_fused_layers_resumes_on_the_same_path() {
         .iter;
     let resumed = losses_in(&run.join("metrics.csv"));
     let straight = losses_in(&fixture.join("straight_metrics.csv"));
-    assert_eq!(resumed.len(), 8, "{resumed:?}");
+    assert_eq!(resumed.len(), 8, "{name}: {resumed:?}");
     let produced: Vec<_> = resumed.iter().filter(|(i, _)| *i > from).collect();
-    assert_eq!(produced.len(), 4, "{resumed:?}");
+    assert_eq!(produced.len(), 4, "{name}: {resumed:?}");
     for (i, a) in produced {
         let (j, b) = straight[*i as usize - 1];
         assert_eq!(*i, j);
-        // Iterations 5 to 8 ran on the new layers after loading the old weights and AdamW
-        // state; a lost optimizer state or a misread weight would be far off.
         assert!(
-            (a - b).abs() < 1e-4,
-            "iteration {i}: resumed {a}, straight {b}"
+            (a - b).abs() <= tolerance,
+            "{name}, iteration {i}: resumed {a}, straight {b}"
         );
     }
+}
+
+/// Iterations 5 to 8 run on the fused layers after loading weights and AdamW state written
+/// by the old engine (format 1); a lost optimizer state or a misread weight would be far off.
+#[test]
+fn a_checkpoint_from_before_the_fused_layers_resumes_on_the_same_path() {
+    resumes_on_the_same_path("before_fused", 1e-4);
+}
+
+/// A format-3 checkpoint names none of the model options: it must load as the model it was
+/// (learned positions, LayerNorm, GELU, a tied head, AdamW) and continue bit for bit, whatever
+/// the default recipe has become.
+#[test]
+fn a_format_3_checkpoint_resumes_bit_for_bit_as_the_model_it_was() {
+    resumes_on_the_same_path("format3", 0.0);
 }

@@ -5,8 +5,9 @@
 //! nothing of Burn, training or checkpoints. Every function gives the same result on any number
 //! of threads: work is cut at fixed sizes and sums are taken in a fixed order.
 //!
-//! - one module per layer kind: [`embedding`], [`layernorm`], [`linear`], [`attention`],
-//!   [`gelu`], [`dropout`], [`loss`] (the tied head and cross-entropy)
+//! - one module per layer kind: [`embedding`], [`layernorm`], [`rmsnorm`], [`linear`],
+//!   [`rotary`] (QK-norm and RoPE), [`attention`], [`gelu`], [`dropout`], [`loss`] (the head,
+//!   its soft-cap and the cross-entropy)
 //! - [`adamw`]: the optimizer's update of one tensor, and clipping's sums of squares
 //! - [`muon`]: Muon's orthogonalisation of an update (Newton-Schulz iterations)
 //! - [`matmul`]: row-major products with transposes as strides; [`rows`]: passes over rows in
@@ -22,5 +23,7 @@ pub mod linear;
 pub mod loss;
 pub mod matmul;
 pub mod muon;
+pub mod rmsnorm;
+pub mod rotary;
 pub mod rows;
 pub mod simd;

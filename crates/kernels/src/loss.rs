@@ -1,4 +1,5 @@
-//! The tied output head and the mean cross-entropy of the next token.
+//! The output head (tied to the token embedding, or a matrix of its own of the same shape), the
+//! optional soft-cap of its logits, and the mean cross-entropy of the next token.
 
 use rayon::prelude::*;
 
@@ -19,25 +20,67 @@ multiversion! {
     }
 }
 
-/// Logits of the tied head, `out = x wteᵀ` (the transpose as strides: no copy of `wte`).
+/// `cap · tanh(z / cap)` of every logit `z` of `logits`, in place (the soft-cap, when `cap > 0`);
+/// the derivatives `1 - tanh²` go to `slopes` when it is not empty.
 ///
 /// # Shapes
-/// - x: `[N, C]`, wte: `[V, C]` -> out: `[N, V]`
-pub fn logits(x: &[f32], wte: &[f32], c: usize, out: &mut [f32]) {
-    let (n, v) = (x.len() / c, wte.len() / c);
-    matmul(out, Mat::new(x, n, c), Mat::new(wte, v, c).t(), false);
+/// - logits: `[N, V]`; slopes: `[N, V]` or `[0]`
+pub fn soft_cap(logits: &mut [f32], cap: f32, slopes: &mut [f32]) {
+    if cap <= 0.0 {
+        return;
+    }
+    logits.par_chunks_mut(ROWS).for_each(|z| {
+        for z in z.iter_mut() {
+            *z = cap * (*z / cap).tanh();
+        }
+    });
+    if !slopes.is_empty() {
+        slopes
+            .par_chunks_mut(ROWS)
+            .zip(logits.par_chunks(ROWS))
+            .for_each(|(d, z)| {
+                for (d, z) in d.iter_mut().zip(z) {
+                    let t = z / cap;
+                    *d = 1.0 - t * t;
+                }
+            });
+    }
 }
 
-/// Logits `x wteᵀ`, turned into probabilities in place in `probs`; returns the mean negative
-/// log-likelihood of `targets`.
+/// Elements per rayon task of the soft-cap.
+const ROWS: usize = 16 * 1024;
+
+/// Logits of the head, `out = x wᵀ` (the transpose as strides: no copy of `w`), soft-capped
+/// at `cap` when `cap > 0`.
 ///
 /// # Shapes
-/// - x: `[N, C]`, wte: `[V, C]`, targets: `[N]` -> probs: `[N, V]`
-pub fn forward(x: &[f32], wte: &[f32], targets: &[u32], probs: &mut [f32]) -> f32 {
+/// - x: `[N, C]`, w: `[V, C]` -> out: `[N, V]`
+pub fn logits(x: &[f32], w: &[f32], c: usize, cap: f32, out: &mut [f32]) {
+    let (n, v) = (x.len() / c, w.len() / c);
+    matmul(out, Mat::new(x, n, c), Mat::new(w, v, c).t(), false);
+    soft_cap(out, cap, &mut []);
+}
+
+/// Logits `x wᵀ`, soft-capped at `cap` (when `cap > 0`, the derivatives going to `slopes`) and
+/// turned into probabilities in place in `probs`; returns the mean negative log-likelihood of
+/// `targets`.
+///
+/// # Shapes
+/// - x: `[N, C]`, w: `[V, C]`, targets: `[N]` -> probs: `[N, V]`; slopes: `[N, V]`, or `[0]`
+///   without a cap
+pub fn forward(
+    x: &[f32],
+    w: &[f32],
+    targets: &[u32],
+    cap: f32,
+    probs: &mut [f32],
+    slopes: &mut [f32],
+) -> f32 {
     let n = targets.len();
     let v = probs.len() / n;
     let c = x.len() / n;
-    matmul(probs, Mat::new(x, n, c), Mat::new(wte, v, c).t(), false);
+    matmul(probs, Mat::new(x, n, c), Mat::new(w, v, c).t(), false);
+    soft_cap(probs, cap, slopes);
     let mut nll = vec![0.0f32; n];
     probs
         .par_chunks_mut(v)
@@ -49,15 +92,18 @@ pub fn forward(x: &[f32], wte: &[f32], targets: &[u32], probs: &mut [f32]) -> f3
 }
 
 /// Backward of [`forward`] for the loss scaled by `scale`: turns `probs` into `∂loss/∂logits`
-/// in place, and writes `∂loss/∂x` to `dx` and the head's gradient to `dwte`.
+/// in place (through the soft-cap's `slopes`, when not empty), and writes `∂loss/∂x` to `dx` and
+/// the head's gradient to `dw`.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &[f32],
-    wte: &[f32],
+    w: &[f32],
     targets: &[u32],
     scale: f32,
+    slopes: &[f32],
     probs: &mut [f32],
     dx: &mut [f32],
-    dwte: &mut [f32],
+    dw: &mut [f32],
 ) {
     let n = targets.len();
     let v = probs.len() / n;
@@ -70,7 +116,13 @@ pub fn backward(
             row[t as usize] -= 1.0;
             row.iter_mut().for_each(|g| *g *= k);
         });
+    if !slopes.is_empty() {
+        probs
+            .par_chunks_mut(ROWS)
+            .zip(slopes.par_chunks(ROWS))
+            .for_each(|(g, d)| g.iter_mut().zip(d).for_each(|(g, d)| *g *= d));
+    }
     let dlogits = Mat::new(probs, n, v);
-    matmul(dx, dlogits, Mat::new(wte, v, c), false); // (N, C)
-    matmul(dwte, dlogits.t(), Mat::new(x, n, c), false); // (V, C)
+    matmul(dx, dlogits, Mat::new(w, v, c), false); // (N, C)
+    matmul(dw, dlogits.t(), Mat::new(x, n, c), false); // (V, C)
 }

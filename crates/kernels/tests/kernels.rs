@@ -4,7 +4,7 @@
 use cinder_kernels::attention::{self, Shape};
 use cinder_kernels::layernorm::Norm;
 use cinder_kernels::linear::{self, Linear};
-use cinder_kernels::{dropout, embedding, gelu, layernorm, loss};
+use cinder_kernels::{dropout, embedding, gelu, layernorm, loss, rmsnorm, rotary};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -376,25 +376,154 @@ fn embedding_backward_matches_finite_differences() {
     dwte.iter_mut().chain(&mut dwpe).for_each(|g| *g -= 0.5);
     check_gradient("dwte", |wte| loss(wte, &wpe), &wte, &dwte, 0..wte.len());
     check_gradient("dwpe", |wpe| loss(&wte, wpe), &wpe, &dwpe, 0..wpe.len());
+
+    // Without learned positions (rotary embeddings), the token embedding alone.
+    let mut out = vec![0.0; batch * seq * c];
+    embedding::forward(&ids, seq, 0, &wte, &[], &mut out);
+    for (row, &tok) in out.chunks(c).zip(&ids) {
+        assert_eq!(row, &wte[tok as usize * c..(tok as usize + 1) * c]);
+    }
+    let mut dwte_alone = vec![0.0; wte.len()];
+    embedding::backward(&r, &ids, seq, &mut dwte_alone, &mut []);
+    assert_eq!(dwte_alone, dwte);
 }
 
 #[test]
-fn loss_backward_matches_finite_differences() {
+fn loss_backward_matches_finite_differences_with_and_without_the_soft_cap() {
     let (n, c, v) = (4, 6, 11);
     let (x, wte) = (random(n * c, 30), random(v * c, 31));
     let targets = [3u32, 0, 10, 3];
     let scale = 0.75; // as for a loss divided over gradient-accumulation steps
-    let loss = |x: &[f32], wte: &[f32]| {
-        let mut probs = vec![0.0; n * v];
-        f64::from(scale) * f64::from(loss::forward(x, wte, &targets, &mut probs))
+    for cap in [0.0f32, 1.5] {
+        let slopes_len = if cap > 0.0 { n * v } else { 0 };
+        let loss = |x: &[f32], wte: &[f32]| {
+            let (mut probs, mut slopes) = (vec![0.0; n * v], vec![0.0; slopes_len]);
+            let l = loss::forward(x, wte, &targets, cap, &mut probs, &mut slopes);
+            f64::from(scale) * f64::from(l)
+        };
+        // The loss from its definition: the capped logits' log-softmax at the targets.
+        let mut logits = vec![0.0; n * v];
+        loss::logits(&x, &wte, c, cap, &mut logits);
+        let naive: f64 = (0..n)
+            .map(|i| {
+                let z: Vec<f64> = (0..v)
+                    .map(|j| {
+                        let d: f64 = (0..c)
+                            .map(|k| f64::from(x[i * c + k]) * f64::from(wte[j * c + k]))
+                            .sum();
+                        if cap > 0.0 {
+                            f64::from(cap) * (d / f64::from(cap)).tanh()
+                        } else {
+                            d
+                        }
+                    })
+                    .collect();
+                assert!((z[3] - f64::from(logits[i * v + 3])).abs() < 1e-5);
+                let lse = z.iter().map(|a| a.exp()).sum::<f64>().ln();
+                lse - z[targets[i] as usize]
+            })
+            .sum::<f64>()
+            / n as f64;
+        assert!(
+            (loss(&x, &wte) / f64::from(scale) - naive).abs() < 1e-5,
+            "cap {cap}"
+        );
+        if cap > 0.0 {
+            assert!(
+                logits.iter().all(|z| z.abs() < cap),
+                "capped logits stay below the cap"
+            );
+        }
+        let (mut probs, mut slopes) = (vec![0.0; n * v], vec![0.0; slopes_len]);
+        loss::forward(&x, &wte, &targets, cap, &mut probs, &mut slopes);
+        // Stale values in the buffers: the backward writes its gradients, it does not add to them.
+        let (mut dx, mut dwte) = (vec![9.0; x.len()], vec![9.0; wte.len()]);
+        loss::backward(
+            &x, &wte, &targets, scale, &slopes, &mut probs, &mut dx, &mut dwte,
+        );
+        check_gradient("dx", |x| loss(x, &wte), &x, &dx, 0..x.len());
+        check_gradient("dwte", |wte| loss(&x, wte), &wte, &dwte, 0..wte.len());
+    }
+}
+
+#[test]
+fn rmsnorm_matches_its_definition_and_its_backward_finite_differences() {
+    let (n, c) = (5, 37);
+    let x = random(n * c, 50);
+    let naive = |x: &[f32]| -> Vec<f32> {
+        x.chunks(c)
+            .flat_map(|row| {
+                let ms = row.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>() / c as f64;
+                let r = 1.0 / (ms + f64::from(EPS)).sqrt();
+                row.iter().map(move |a| (f64::from(*a) * r) as f32)
+            })
+            .collect()
     };
-    let mut probs = vec![0.0; n * v];
-    loss::forward(&x, &wte, &targets, &mut probs);
-    // Stale values in the buffers: the backward writes its gradients, it does not add to them.
-    let (mut dx, mut dwte) = (vec![9.0; x.len()], vec![9.0; wte.len()]);
-    loss::backward(&x, &wte, &targets, scale, &mut probs, &mut dx, &mut dwte);
-    check_gradient("dx", |x| loss(x, &wte), &x, &dx, 0..x.len());
-    check_gradient("dwte", |wte| loss(&x, wte), &wte, &dwte, 0..wte.len());
+    let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+    rmsnorm::forward(&x, c, EPS, &mut out, &mut rstd);
+    assert!(max_diff(&out, &naive(&x)) < 1e-5);
+    let r = random(n * c, 51);
+    let mut dx = vec![9.0; n * c];
+    rmsnorm::backward(&r, &out, &rstd, c, &mut dx);
+    check_gradient("dx", |x| weighted_sum(&naive(x), &r), &x, &dx, 0..n * c);
+}
+
+/// QK-norm and RoPE from their definitions, one head at a time: the queries and keys of each
+/// head RMS-normalised (when `norm`), then element `i` and `i + hs/2` turned by
+/// `pos · 10000^(-i / (hs/2))` (when `rope`).
+fn naive_qk(qkv: &[f32], s: rotary::Qk) -> Vec<f32> {
+    let (c, hs) = (s.n_embd, s.n_embd / s.n_head);
+    let half = hs / 2;
+    let mut out = qkv.to_vec();
+    for (row, o) in out.chunks_mut(3 * c).enumerate() {
+        let pos = (s.start + row % s.seq) as f64;
+        for head in o[..2 * c].chunks_mut(hs) {
+            if let Some(eps) = s.norm_eps {
+                let ms = head.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>() / hs as f64;
+                let r = 1.0 / (ms + f64::from(eps)).sqrt();
+                head.iter_mut()
+                    .for_each(|a| *a = (f64::from(*a) * r) as f32);
+            }
+            if s.rope {
+                for i in 0..half {
+                    let angle = pos * 10000f64.powf(-(i as f64) / half as f64);
+                    let (a, b) = (f64::from(head[i]), f64::from(head[i + half]));
+                    head[i] = (a * angle.cos() - b * angle.sin()) as f32;
+                    head[i + half] = (a * angle.sin() + b * angle.cos()) as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rotary_and_qk_norm_match_their_definitions_and_backward_finite_differences() {
+    let (b, t, n_head, n_embd) = (2, 5, 2, 8);
+    let qkv = random(b * t * 3 * n_embd, 60);
+    let r = random(qkv.len(), 61);
+    for (rope, norm_eps, start) in [(true, None, 0), (false, Some(EPS), 0), (true, Some(EPS), 3)] {
+        let s = rotary::Qk {
+            n_embd,
+            n_head,
+            seq: t,
+            start,
+            rope,
+            norm_eps,
+        };
+        let what = format!("rope {rope}, norm {norm_eps:?}, start {start}");
+        let (mut out, mut rstd) = (vec![0.0; qkv.len()], vec![0.0; b * t * 2 * n_head]);
+        rotary::forward(&qkv, s, &mut out, &mut rstd);
+        assert!(max_diff(&out, &naive_qk(&qkv, s)) < 1e-5, "{what}");
+        // Values pass unchanged.
+        for (o, x) in out.chunks(3 * n_embd).zip(qkv.chunks(3 * n_embd)) {
+            assert_eq!(o[2 * n_embd..], x[2 * n_embd..], "{what}");
+        }
+        let mut dqkv = vec![9.0; qkv.len()];
+        rotary::backward(&r, &out, &rstd, s, &mut dqkv);
+        let loss = |x: &[f32]| weighted_sum(&naive_qk(x, s), &r);
+        check_gradient(&what, loss, &qkv, &dqkv, 0..qkv.len());
+    }
 }
 
 /// The backward pass (`apply` of `dy` without a residual) recomputes the forward's mask from

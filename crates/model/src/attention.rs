@@ -54,16 +54,24 @@ pub struct CausalSelfAttention {
     pub resid_dropout: Dropout,
     /// Number of heads.
     pub n_head: usize,
+    /// Rotary embeddings turn the queries and keys by their position.
+    #[module(skip)]
+    pub rope: bool,
+    /// Each head's queries and keys are RMS-normalised (before RoPE).
+    #[module(skip)]
+    pub qk_norm: bool,
 }
 
 impl CausalSelfAttention {
-    /// The projected attention output, on the composite path, without dropout.
+    /// The projected attention output, on the composite path, without dropout (QK-norm with
+    /// the default epsilon, [`crate::LAYER_NORM_EPSILON`]).
     ///
     /// # Shapes
     /// - x: `[B, T, C]` -> `[B, T, C]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let residual = x.zeros_like();
-        self.forward_pass(x, residual, Pass::composite(0.0), 0, &mut Keep::Nothing)
+        let pass = Pass::composite(crate::LAYER_NORM_EPSILON as f32);
+        self.forward_pass(x, residual, pass, 0, &mut Keep::Nothing)
     }
 
     /// `residual + attention(x)`, block `layer` of a pass, keeping what `keep` asks for.
@@ -80,6 +88,14 @@ impl CausalSelfAttention {
         keep: &mut Keep,
     ) -> Tensor<3> {
         let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, 3C)
+        let qkv = ops::rotate_qk(
+            qkv,
+            self.n_head,
+            keep.start(),
+            self.rope,
+            self.qk_norm,
+            pass,
+        );
         let last_only = keep.last_only(layer);
         let mut y = self.mix(qkv, pass, layer, keep, last_only);
         if last_only {

@@ -1,4 +1,4 @@
-//! One pre-LayerNorm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+//! One pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 
 use burn::nn::LayerNorm;
 use burn::prelude::*;
@@ -10,9 +10,11 @@ use crate::ops::{self, Pass};
 /// A transformer block.
 #[derive(Module, Debug)]
 pub struct Block {
-    pub ln_1: LayerNorm,
+    /// The norm before attention: a LayerNorm, or none for a (weightless) RMSNorm.
+    pub ln_1: Option<LayerNorm>,
     pub attn: CausalSelfAttention,
-    pub ln_2: LayerNorm,
+    /// The norm before the MLP, likewise.
+    pub ln_2: Option<LayerNorm>,
     pub mlp: Mlp,
 }
 
@@ -29,9 +31,9 @@ impl Block {
         layer: usize,
         keep: &mut Keep,
     ) -> Tensor<3> {
-        let h = ops::layer_norm(&self.ln_1, x.clone(), pass);
+        let h = ops::norm(self.ln_1.as_ref(), x.clone(), pass);
         let x = self.attn.forward_pass(h, x, pass, layer, keep);
-        let h = ops::layer_norm(&self.ln_2, x.clone(), pass);
+        let h = ops::norm(self.ln_2.as_ref(), x.clone(), pass);
         self.mlp.forward(h, x, pass, layer)
     }
 }

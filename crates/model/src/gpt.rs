@@ -1,29 +1,37 @@
-//! The whole model: embeddings, blocks, final LayerNorm, and the head tied to the token embedding.
+//! The whole model: embeddings, blocks, final norm, and the head (tied to the token embedding,
+//! or a matrix of its own).
 
 use std::sync::OnceLock;
 
+use burn::module::Param;
 use burn::nn::{Dropout, Embedding, LayerNorm};
 use burn::prelude::*;
 
 use crate::attention::Keep;
 use crate::block::Block;
 use crate::cache::KvCache;
+use crate::config::{GptConfig, Norm};
 use crate::ops::{self, DropoutKey, Ops, Pass};
 
 /// A decoder-only transformer. Build it with [`crate::GptConfig::init`].
 #[derive(Module, Debug)]
 pub struct Gpt {
-    /// Token embedding `[vocab_size, n_embd]`; also the output head (weight tying).
+    /// Token embedding `[vocab_size, n_embd]`; also the output head when tied.
     pub wte: Embedding,
-    /// Learned position embedding `[block_size, n_embd]`.
-    pub wpe: Embedding,
-    /// Dropout on the summed embeddings.
+    /// Learned position embedding `[block_size, n_embd]`; none with rotary embeddings.
+    pub wpe: Option<Embedding>,
+    /// Dropout on the embeddings.
     pub drop: Dropout,
     pub blocks: Vec<Block>,
-    pub ln_f: LayerNorm,
-    /// The LayerNorms' epsilon, for the fused ones (Burn's keep theirs private).
+    /// The final LayerNorm; none with RMSNorm (no weights).
+    pub ln_f: Option<LayerNorm>,
+    /// The untied head `[vocab_size, n_embd]` (Hugging Face's `lm_head.weight`): logits are
+    /// `x lm_headᵀ`. None when the head is `wte`.
+    pub lm_head: Option<Param<Tensor<2>>>,
+    /// The architecture the model was built with (`block_size` cropped by
+    /// [`Gpt::crop_block_size`]); the options a pass reads.
     #[module(skip)]
-    pub layer_norm_epsilon: f64,
+    pub config: GptConfig,
     /// Which version of the layers runs (not part of the weights).
     #[module(skip)]
     pub ops: Ops,
@@ -53,13 +61,14 @@ impl Gpt {
     ) -> Tensor<1> {
         let pass = self.pass(&idx.device(), dropout);
         let x = self.trunk(idx, pass, &mut Keep::Nothing);
-        ops::head_loss(&self.ln_f, &self.wte, x, targets, pass)
+        let x = ops::norm(self.ln_f.as_ref(), x, pass);
+        ops::head_loss(self.head_weight(), self.softcap(), x, targets, pass)
     }
 
     /// The forward pass that also returns every layer's attention weights, `[B, H, T, T]` each,
     /// on the composite path.
     pub fn forward_with_attention(&self, idx: Tensor<2, Int>) -> (Tensor<3>, Vec<Tensor<4>>) {
-        let pass = Pass::composite(self.layer_norm_epsilon as f32);
+        let pass = Pass::composite(self.config.layer_norm_epsilon as f32);
         let mut weights = Vec::with_capacity(self.blocks.len());
         let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights));
         (logits, weights)
@@ -106,7 +115,7 @@ impl Gpt {
 
     /// Longest context the model accepts.
     pub fn block_size(&self) -> usize {
-        self.wpe.weight.lazy_shape()[0]
+        self.config.block_size
     }
 
     /// Number of tokens in the vocabulary.
@@ -126,15 +135,18 @@ impl Gpt {
             block_size > 0 && block_size <= self.block_size(),
             "a model can only be cropped to a shorter context"
         );
-        let require_grad = self.wpe.weight.is_require_grad();
-        self.wpe.weight = self.wpe.weight.map(|w| {
-            let cropped = w.narrow(0, 0, block_size).detach();
-            if require_grad {
-                cropped.require_grad()
-            } else {
-                cropped
-            }
-        });
+        if let Some(wpe) = &mut self.wpe {
+            let require_grad = wpe.weight.is_require_grad();
+            wpe.weight = wpe.weight.clone().map(|w| {
+                let cropped = w.narrow(0, 0, block_size).detach();
+                if require_grad {
+                    cropped.require_grad()
+                } else {
+                    cropped
+                }
+            });
+        }
+        self.config.block_size = block_size;
         self
     }
 
@@ -148,25 +160,47 @@ impl Gpt {
         Pass {
             fused: self.ops.fused_on(device),
             dropout,
-            eps: self.layer_norm_epsilon as f32,
+            eps: self.config.layer_norm_epsilon as f32,
+        }
+    }
+
+    /// The logits' soft-cap (0: none).
+    fn softcap(&self) -> f32 {
+        self.config.logit_softcap as f32
+    }
+
+    /// The head's weight `[V, C]`: its own, or the token embedding's.
+    fn head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
+            Some(w) => w.val(),
+            None => self.wte.weight.val(),
         }
     }
 
     /// Embeddings and blocks: the residual stream after the last block. Every pass goes
     /// through here; `keep` says what it keeps besides (a cache, attention weights).
     fn trunk(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
-        let mut x = ops::embed(&self.wte, &self.wpe, &self.drop, idx, keep.start(), pass);
+        let (wpe, normalise) = (self.wpe.as_ref(), self.config.norm == Norm::Rmsnorm);
+        let mut x = ops::embed(
+            &self.wte,
+            wpe,
+            normalise,
+            &self.drop,
+            idx,
+            keep.start(),
+            pass,
+        );
         for (layer, block) in self.blocks.iter().enumerate() {
             x = block.forward(x, pass, layer, keep);
         }
         x
     }
 
-    /// The trunk, the final LayerNorm and the head: logits `[B, T, V]` (`[B, 1, V]` with a
-    /// cache).
+    /// The trunk, the final norm and the head: logits `[B, T, V]` (`[B, 1, V]` with a cache).
     fn logits(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
         let x = self.trunk(idx, pass, keep);
-        ops::head(&self.wte, ops::layer_norm(&self.ln_f, x, pass), pass)
+        let x = ops::norm(self.ln_f.as_ref(), x, pass);
+        ops::head(self.head_weight(), self.softcap(), x, pass)
     }
 }
 

@@ -19,7 +19,7 @@ pub mod ops;
 pub use attention::CausalSelfAttention;
 pub use block::Block;
 pub use cache::KvCache;
-pub use config::{Activation, ConfigError, GptConfig, LAYER_NORM_EPSILON};
+pub use config::{Activation, ConfigError, GptConfig, LAYER_NORM_EPSILON, Norm, Position};
 pub use gpt::Gpt;
 pub use mlp::Mlp;
 pub use ops::{DropoutKey, Ops, cross_entropy};

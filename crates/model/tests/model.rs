@@ -4,7 +4,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use cinder_model::{CausalSelfAttention, Gpt, GptConfig, KvCache, Ops};
+use cinder_model::{Activation, CausalSelfAttention, Gpt, GptConfig, KvCache, Norm, Ops, Position};
 
 fn device() -> Device {
     Device::flex()
@@ -16,6 +16,23 @@ fn tiny(device: &Device) -> (GptConfig, Gpt) {
         .with_n_layer(2)
         .with_n_head(2)
         .with_n_embd(16);
+    let model = config.init(device).unwrap();
+    (config, model)
+}
+
+/// The tiny model with every option of the nanoGPT speedrun's recipe: rotary embeddings,
+/// RMSNorm, QK-norm, ReLU², an untied head and a soft-cap (random initialisation, so that every
+/// part matters).
+fn modern(device: &Device) -> (GptConfig, Gpt) {
+    device.seed(43);
+    let config = tiny(device)
+        .0
+        .with_position(Position::Rope)
+        .with_norm(Norm::Rmsnorm)
+        .with_qk_norm(true)
+        .with_activation(Activation::Relu2)
+        .with_tie_embeddings(false)
+        .with_logit_softcap(3.0);
     let model = config.init(device).unwrap();
     (config, model)
 }
@@ -156,8 +173,11 @@ fn head_is_the_token_embedding() {
 #[test]
 fn cached_logits_equal_full_forward() {
     let device = device();
-    let (_, model) = tiny(&device);
-    for ops in [Ops::Fused, Ops::Composite] {
+    for (ops, model) in [Ops::Fused, Ops::Composite]
+        .into_iter()
+        .flat_map(|ops| [(ops, tiny(&device).1), (ops, modern(&device).1)])
+    {
+        let ops_and = format!("{ops:?}, rope {}", model.wpe.is_none());
         let model = model.clone().with_ops(ops);
         let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
         let full = model.forward(ids(&[&tokens, &tokens], &device)); // (2, 8, V)
@@ -174,14 +194,14 @@ fn cached_logits_equal_full_forward() {
         }
         assert_eq!(cache.len(), 8);
         let diff = max_abs_diff(&full_rows.concat(), &cached.concat());
-        assert!(diff < 1e-4, "{ops:?}: max difference {diff}");
+        assert!(diff < 1e-4, "{ops_and}: max difference {diff}");
         // A cleared cache starts again from position 0.
         cache.clear();
         let again =
             to_vec(model.forward_cached(ids(&[&tokens[..3], &tokens[..3]], &device), &mut cache));
         assert!(
             max_abs_diff(&again, &cached[0]) < 1e-6,
-            "{ops:?}: after clear"
+            "{ops_and}: after clear"
         );
     }
 }
@@ -218,9 +238,11 @@ fn attention_weights_are_causal_rows_that_reproduce_the_output() {
         .forward(ids(&[&[1, 2, 3, 4, 5, 6, 7, 8]], &device))
         + model
             .wpe
+            .as_ref()
+            .unwrap()
             .forward(ids(&[&[0, 1, 2, 3, 4, 5, 6, 7]], &device));
     let block = &model.blocks[0];
-    let xn = block.ln_1.forward(x0);
+    let xn = block.ln_1.as_ref().unwrap().forward(x0);
     let qkv = block.attn.c_attn.forward(xn.clone()); // (1, 8, 48)
     let v = qkv.narrow(2, 32, 16).reshape([1, 8, 2, 8]).swap_dims(1, 2); // (1, 2, 8, 8)
     let w0 = weights[0].clone().slice(s![0..1, .., .., ..]);
@@ -248,7 +270,85 @@ fn a_cropped_model_keeps_its_first_positions() {
     let loss = cropped.loss(idx.clone().to_device(&device), idx.to_device(&device), None);
     let grads = loss.backward();
     assert!(
-        cropped.wpe.weight.grad(&grads).is_some(),
+        cropped.wpe.as_ref().unwrap().weight.grad(&grads).is_some(),
         "wpe has a gradient"
     );
+}
+
+/// The options change the model as they say: no position table with RoPE, no norm weights with
+/// RMSNorm, a head of its own when untied, and zero output projections and head with
+/// `zero_init`; the fused and composite layers agree on the whole model's loss and gradients.
+#[test]
+fn the_speedrun_options_build_what_they_say_and_both_paths_agree() {
+    let device = device();
+    let (config, model) = modern(&device);
+    assert!(model.wpe.is_none() && model.ln_f.is_none() && model.blocks[0].ln_1.is_none());
+    assert_eq!(
+        model.block_size(),
+        config.block_size,
+        "the context is stored, not a table's"
+    );
+    let head = model.lm_head.as_ref().expect("an untied head");
+    assert_eq!(head.val().dims(), [config.vocab_size, config.n_embd]);
+    assert_eq!(
+        model.clone().crop_block_size(5).block_size(),
+        5,
+        "crops without a position table"
+    );
+
+    let zero = config.clone().with_zero_init(true).init(&device).unwrap();
+    let all_zero = |t: Tensor<2>| to_vec(t).iter().all(|&v| v == 0.0);
+    assert!(all_zero(zero.lm_head.as_ref().unwrap().val()));
+    for b in &zero.blocks {
+        assert!(all_zero(b.attn.c_proj.weight.val()) && all_zero(b.mlp.c_proj.weight.val()));
+        assert!(!all_zero(b.attn.c_attn.weight.val()) && !all_zero(b.mlp.c_fc.weight.val()));
+    }
+
+    let device = Device::flex().autodiff();
+    for model in [tiny(&device).1, modern(&device).1] {
+        let input = ids(&[&[1, 2, 3, 4, 5, 6], &[6, 5, 4, 3, 2, 1]], &device);
+        let target = ids(&[&[2, 3, 4, 5, 6, 7], &[5, 4, 3, 2, 1, 0]], &device);
+        let run = |ops| {
+            let model = model.clone().with_ops(ops);
+            let key = cinder_model::DropoutKey { seed: 1, draw: 0 };
+            let loss = model.loss(input.clone(), target.clone(), Some(key));
+            let grads = loss.clone().backward();
+            struct Grads<'a>(&'a burn::tensor::Gradients, Vec<f32>);
+            impl ModuleVisitor for Grads<'_> {
+                fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                    self.1
+                        .extend(to_vec(p.val().grad(self.0).expect("every weight trains")));
+                }
+            }
+            let mut g = Grads(&grads, to_vec(loss));
+            model.visit(&mut g);
+            g.1
+        };
+        let diff = max_abs_diff(&run(Ops::Fused), &run(Ops::Composite));
+        assert!(diff < 1e-4, "loss or gradients differ by {diff}");
+    }
+}
+
+/// A model's weights are drawn when it is built, from the generator as seeded then: what the
+/// device's generator does afterwards (a training step reseeds it) cannot change them, and the
+/// fused and composite layers, which read the weights in different orders, see the same model.
+#[test]
+fn weights_are_drawn_when_the_model_is_built() {
+    let device = device();
+    let built = |reseed_after: Option<u64>| {
+        let (_, model) = tiny(&device);
+        if let Some(seed) = reseed_after {
+            device.seed(seed);
+        }
+        let mut all = Vec::new();
+        struct Collect<'a>(&'a mut Vec<f32>);
+        impl ModuleVisitor for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                self.0.extend(to_vec(p.val()));
+            }
+        }
+        model.visit(&mut Collect(&mut all));
+        all
+    };
+    assert_eq!(built(None), built(Some(7)));
 }

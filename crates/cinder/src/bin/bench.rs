@@ -171,7 +171,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     &backend.device,
                 )?;
                 // Weights are read into tensors by now; touch one to be sure nothing is lazy.
-                let _ = loaded.model.ln_f.gamma.val().into_data();
+                let _ = loaded.model.wte.weight.val().into_data();
                 times.push(start.elapsed().as_secs_f64());
                 out["params"] = loaded.model.num_params().into();
             }

@@ -29,7 +29,8 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
-    /// Run configuration (TOML); fields it leaves out take the built-in tiny_cpu values
+    /// Run configuration (TOML); fields it leaves out take the built-in defaults, nanoGPT's
+    /// recipe (configs/nanogpt_cpu.toml), so that an old config keeps its meaning
     #[arg(long, default_value = DEFAULT_CONFIG, conflicts_with = "resume")]
     config: PathBuf,
     /// Training data: UTF-8 text files, folders of .txt files (documents), or a folder made by

@@ -3,7 +3,8 @@
 //! - `adamw`: AdamW as nanoGPT configures it, weight decay on matrices only;
 //! - `muon`: Muon on the matrices inside the blocks (attention's q/k/v weight as three), AdamW
 //!   with betas (0.8, 0.95) and no weight decay on the rest at their own peak rates (the
-//!   embeddings at `embedding_lr`, gains and biases at `learning_rate`).
+//!   embeddings at `embedding_lr`, an untied head at `head_lr`, gains and biases at
+//!   `learning_rate`).
 //!
 //! Each parameter tensor is updated by the model's [`TensorAdamW`] (a single fused pass on the
 //! Flex backend, Burn's AdamW elsewhere) or [`TensorMuon`].
@@ -64,6 +65,7 @@ impl Optim {
                     grad_scale: grad_scale.clone(),
                 };
                 let (qkv, matrices) = muon_params(model);
+                let head = model.lm_head.iter().map(|w| w.id).collect();
                 // Gains and biases at learning_rate; later groups take precedence.
                 ModuleOptimizer::from(adamw(c.learning_rate))
                     .with_group(
@@ -71,6 +73,7 @@ impl Optim {
                         adamw(c.embedding_lr),
                         None,
                     )
+                    .with_group(ParamGroup::from_ids(head), adamw(c.head_lr), None)
                     .with_group(ParamGroup::from_ids(matrices), muon(1), None)
                     .with_group(ParamGroup::from_ids(qkv), muon(3), None)
             }
@@ -105,9 +108,10 @@ pub fn muon_params(model: &Gpt) -> (Vec<ParamId>, Vec<ParamId>) {
     (qkv, matrices)
 }
 
-/// The ids of the embeddings' weights (token and positions).
+/// The ids of the embeddings' weights (token, and learned positions).
 fn embedding_params(model: &Gpt) -> Vec<ParamId> {
-    vec![model.wte.weight.id, model.wpe.weight.id]
+    let wpe = model.wpe.iter().map(|e| e.weight.id);
+    std::iter::once(model.wte.weight.id).chain(wpe).collect()
 }
 
 /// Ids of the parameters of rank below 2 (biases, LayerNorm gains and shifts).
@@ -303,9 +307,12 @@ mod tests {
             muon_lr: 0.02,
             muon_momentum: 0.95,
             weight_decay: 0.1,
+            head_lr: 0.004,
             ..TrainConfig::default()
         };
-        let model = one_block(&device);
+        // With an untied head, of random weights.
+        let model = one_block(&device).config.with_tie_embeddings(false);
+        let model = model.init(&device).unwrap();
         let ids = |seed| ids(seed, &device);
         let grads = |m: &Gpt| {
             let loss = m.loss(ids(0), ids(1), None);
@@ -327,8 +334,14 @@ mod tests {
         // AdamW's first step moves each entry by its group's rate (Adam's m / sqrt(v) is ±1).
         let wte = largest_change(vals(model.wte.weight.val()), vals(after.wte.weight.val()));
         assert!((wte - 0.01 * 0.5).abs() < 1e-6, "embeddings moved {wte}");
+        let head = |m: &Gpt| vals(m.lm_head.as_ref().unwrap().val());
+        let head = largest_change(head(&model), head(&after));
+        assert!(
+            (head - 0.004 * 0.5).abs() < 1e-6,
+            "the untied head moved {head}"
+        );
         let gain = |m: &Gpt| {
-            let t = m.blocks[0].ln_1.gamma.val();
+            let t = m.blocks[0].ln_1.as_ref().unwrap().gamma.val();
             t.into_data().try_to_vec::<f32>().unwrap()
         };
         let gains = largest_change(gain(&model), gain(&after));

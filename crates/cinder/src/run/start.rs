@@ -66,9 +66,9 @@ fn start_new(
 ) -> anyhow::Result<(Trainer, RunLock)> {
     let mut config = if req.config == Path::new(DEFAULT_CONFIG) && !req.config.exists() {
         say(format!(
-            "{DEFAULT_CONFIG} not found: using the built-in tiny_cpu configuration"
+            "{DEFAULT_CONFIG} not found: using the copy built into this program"
         ));
-        TrainConfig::default()
+        TrainConfig::default_run()
     } else {
         TrainConfig::load(&req.config)?
     };

@@ -12,10 +12,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
+use burn::nn::LayerNorm;
 use burn::prelude::*;
 use cinder_data::Tokenizer;
 use cinder_data::tokenizer::TOKENIZER_JSON;
-use cinder_model::{Activation, Gpt, GptConfig};
+use cinder_model::{Activation, Gpt, GptConfig, Norm, Position};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Value, json};
 
@@ -120,7 +121,6 @@ pub fn read_config(dir: &Path) -> Result<(TrainConfig, Tokenizer), Gpt2Error> {
         ("scale_attn_weights", true, true),
         ("scale_attn_by_inverse_layer_idx", false, false),
         ("add_cross_attention", false, false),
-        ("tie_word_embeddings", true, true),
     ] {
         let got = hf.bool(field, default)?;
         if got != want {
@@ -156,6 +156,13 @@ pub fn read_config(dir: &Path) -> Result<(TrainConfig, Tokenizer), Gpt2Error> {
         bias: true,
         activation,
         layer_norm_epsilon: hf.f64("layer_norm_epsilon", cinder_model::LAYER_NORM_EPSILON)?,
+        // GPT-2's architecture, whatever cinder's defaults become; only the head may be untied.
+        position: Position::Learned,
+        norm: Norm::Layernorm,
+        qk_norm: false,
+        logit_softcap: 0.0,
+        tie_embeddings: hf.bool("tie_word_embeddings", true)?,
+        zero_init: false,
         // Dropout is a training setting: a run that starts from these weights sets its own.
         dropout: 0.0,
         tokenizer: tokenizer_path.display().to_string(),
@@ -230,44 +237,70 @@ enum Slot<'a> {
     Bias(&'a mut Option<Param<Tensor<1>>>, usize),
 }
 
-/// Every parameter of `model` with its GPT-2 name (without [`PREFIX`]), in GPT-2's order. The
-/// one place where the two namings meet.
+/// Every parameter of `model` with its GPT-2 name (without [`PREFIX`], see [`full_name`]), in
+/// GPT-2's order. The one place where the two namings meet. A GPT-2 model has learned positions
+/// and LayerNorms (export refuses the others); its head is `wte`, or `lm_head` when untied.
 fn slots(model: &mut Gpt) -> Vec<(String, Slot<'_>)> {
     use Slot::*;
+    fn ln(norm: &mut Option<LayerNorm>) -> &mut LayerNorm {
+        norm.as_mut().expect("a GPT-2 model has LayerNorms")
+    }
     let c = model.wte.weight.lazy_shape()[1];
+    let wpe = model
+        .wpe
+        .as_mut()
+        .expect("a GPT-2 model has learned positions");
     let mut slots = vec![
         ("wte.weight".to_string(), Matrix(&mut model.wte.weight)),
-        ("wpe.weight".to_string(), Matrix(&mut model.wpe.weight)),
+        ("wpe.weight".to_string(), Matrix(&mut wpe.weight)),
     ];
     for (i, b) in model.blocks.iter_mut().enumerate() {
         let at = |name: &str| format!("h.{i}.{name}");
         let (attn, mlp) = (&mut b.attn, &mut b.mlp);
+        let (ln_1, ln_2) = (ln(&mut b.ln_1), ln(&mut b.ln_2));
         slots.extend([
-            (at("ln_1.weight"), Vector(&mut b.ln_1.gamma)),
-            (at("ln_1.bias"), Bias(&mut b.ln_1.beta, c)),
+            (at("ln_1.weight"), Vector(&mut ln_1.gamma)),
+            (at("ln_1.bias"), Bias(&mut ln_1.beta, c)),
             (at("attn.c_attn.weight"), Matrix(&mut attn.c_attn.weight)),
             (at("attn.c_attn.bias"), Bias(&mut attn.c_attn.bias, 3 * c)),
             (at("attn.c_proj.weight"), Matrix(&mut attn.c_proj.weight)),
             (at("attn.c_proj.bias"), Bias(&mut attn.c_proj.bias, c)),
-            (at("ln_2.weight"), Vector(&mut b.ln_2.gamma)),
-            (at("ln_2.bias"), Bias(&mut b.ln_2.beta, c)),
+            (at("ln_2.weight"), Vector(&mut ln_2.gamma)),
+            (at("ln_2.bias"), Bias(&mut ln_2.beta, c)),
             (at("mlp.c_fc.weight"), Matrix(&mut mlp.c_fc.weight)),
             (at("mlp.c_fc.bias"), Bias(&mut mlp.c_fc.bias, 4 * c)),
             (at("mlp.c_proj.weight"), Matrix(&mut mlp.c_proj.weight)),
             (at("mlp.c_proj.bias"), Bias(&mut mlp.c_proj.bias, c)),
         ]);
     }
+    let ln_f = ln(&mut model.ln_f);
     slots.extend([
-        ("ln_f.weight".to_string(), Vector(&mut model.ln_f.gamma)),
-        ("ln_f.bias".to_string(), Bias(&mut model.ln_f.beta, c)),
+        ("ln_f.weight".to_string(), Vector(&mut ln_f.gamma)),
+        ("ln_f.bias".to_string(), Bias(&mut ln_f.beta, c)),
     ]);
+    if let Some(head) = &mut model.lm_head {
+        slots.push((HEAD.to_string(), Matrix(head)));
+    }
     slots
 }
 
+/// The untied head's name: outside the `transformer.` module in Hugging Face's files.
+const HEAD: &str = "lm_head.weight";
+
+/// The name of `name` (a [`slots`] name) in a file whose transformer's names start with
+/// `prefix`.
+fn full_name(prefix: &str, name: &str) -> String {
+    if name == HEAD {
+        name.to_string()
+    } else {
+        format!("{prefix}{name}")
+    }
+}
+
 /// Whether a tensor of a GPT-2 file that cinder has no parameter for may be left unread: the
-/// attention's mask buffers, and the head (tied to `wte`, so the same values).
+/// attention's mask buffers, and a tied head (the same values as `wte`).
 fn ignored(name: &str) -> bool {
-    name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")
+    name == HEAD || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")
 }
 
 /// The weights of the GPT-2 folder `dir` in a model of `config` (from [`read_config`], with
@@ -301,7 +334,7 @@ pub fn load_weights(dir: &Path, config: &GptConfig, device: &Device) -> Result<G
     };
     let mut expected = Vec::new();
     for (name, slot) in slots(&mut model) {
-        let full = format!("{prefix}{name}");
+        let full = full_name(prefix, &name);
         let view = file
             .tensor(&full)
             .map_err(|_| tensor_err(&full, "is missing".into()))?;
@@ -367,19 +400,44 @@ pub fn export(
     config: &TrainConfig,
     tokenizer: &Tokenizer,
 ) -> Result<(), Gpt2Error> {
+    let refuse = |field, value: String, allowed: &str| Gpt2Error::Unsupported {
+        path: dir.join(CONFIG),
+        field,
+        value,
+        allowed: format!("{allowed} in a GPT-2 folder"),
+    };
     let activation = match config.activation {
         Activation::Gelu => "gelu",
         Activation::GeluTanh => "gelu_new",
         Activation::Relu2 => {
-            return Err(Gpt2Error::Unsupported {
-                path: dir.join(CONFIG),
-                field: "activation",
-                value: "relu2".into(),
-                allowed: "gelu or gelu_tanh in a GPT-2 folder (its config.json has no ReLU²)"
-                    .into(),
-            });
+            let allowed = "gelu or gelu_tanh (its config.json has no ReLU²)";
+            return Err(refuse("activation", "relu2".into(), allowed));
         }
     };
+    // What GPT-2's architecture cannot express, by name.
+    if config.position != Position::Learned {
+        let allowed = "learned (GPT-2 has no rotary embeddings)";
+        return Err(refuse("position", config.position.to_string(), allowed));
+    }
+    if config.norm != Norm::Layernorm {
+        let allowed = "layernorm (GPT-2 has no RMSNorm)";
+        return Err(refuse("norm", config.norm.to_string(), allowed));
+    }
+    if config.qk_norm {
+        return Err(refuse(
+            "qk_norm",
+            "true".into(),
+            "false (GPT-2 has no QK-norm)",
+        ));
+    }
+    if config.logit_softcap != 0.0 {
+        let allowed = "0 (GPT-2's logits are not capped)";
+        return Err(refuse(
+            "logit_softcap",
+            config.logit_softcap.to_string(),
+            allowed,
+        ));
+    }
     for name in [CONFIG, WEIGHTS, TOKENIZER_JSON, TOKENIZER_CONFIG] {
         if dir.join(name).exists() {
             return Err(Gpt2Error::Exists {
@@ -401,7 +459,7 @@ pub fn export(
             Slot::Bias(None, n) => (vec![n], TensorData::new(vec![0.0f32; n], [n])),
         };
         let values = values.convert::<f32>();
-        tensors.push((format!("{PREFIX}{name}"), shape, values.as_bytes().to_vec()));
+        tensors.push((full_name(PREFIX, &name), shape, values.as_bytes().to_vec()));
     }
     let views = tensors
         .iter()
@@ -437,7 +495,7 @@ pub fn export(
         "attn_pdrop": config.dropout,
         "initializer_range": 0.02,
         "scale_attn_weights": true,
-        "tie_word_embeddings": true,
+        "tie_word_embeddings": config.tie_embeddings,
         "use_cache": true,
         "bos_token_id": end_of_text,
         "eos_token_id": end_of_text,

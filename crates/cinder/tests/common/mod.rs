@@ -83,37 +83,37 @@ pub fn tiny_config() -> TrainConfig {
     }
 }
 
-/// The flags that make `train` use [`tiny_config`].
+/// The flags that make `train` use [`tiny_config`] (without `--config`, in a folder without
+/// `configs/tiny_cpu.toml`: on the built-in copy of the default run's recipe).
 pub fn tiny_flags() -> Vec<String> {
     tiny_flags_with(&[])
 }
 
-/// [`tiny_flags`] with some flags given other values, as `("--max-iters", "100")`.
+/// [`tiny_flags`] with some flags given other values, as `("--max-iters", "100")`: one flag for
+/// every field where [`tiny_config`] differs from the default run's recipe.
 pub fn tiny_flags_with(changes: &[(&str, &str)]) -> Vec<String> {
-    let c = tiny_config();
-    [
-        ("--n-layer", c.n_layer.to_string()),
-        ("--n-head", c.n_head.to_string()),
-        ("--n-embd", c.n_embd.to_string()),
-        ("--block-size", c.block_size.to_string()),
-        ("--batch-size", c.batch_size.to_string()),
-        ("--max-iters", c.max_iters.to_string()),
-        ("--warmup-iters", c.warmup_iters.to_string()),
-        ("--lr-decay-iters", c.lr_decay_iters.to_string()),
-        ("--eval-interval", c.eval_interval.to_string()),
-        ("--eval-iters", c.eval_iters.to_string()),
-        ("--log-interval", c.log_interval.to_string()),
-        ("--checkpoint-interval", c.checkpoint_interval.to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(f, v)| {
-        let v = changes
-            .iter()
-            .find(|(g, _)| *g == f)
-            .map_or(v, |(_, w)| w.to_string());
-        [f.to_string(), v]
-    })
-    .collect()
+    let (tiny, recipe) = (
+        tiny_config().to_table(),
+        TrainConfig::default_run().to_table(),
+    );
+    let mut flags: Vec<(String, String)> = tiny
+        .iter()
+        .filter(|(field, value)| recipe.get(*field) != Some(*value))
+        .map(|(field, value)| {
+            let value = match value {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (format!("--{}", field.replace('_', "-")), value)
+        })
+        .collect();
+    for (flag, value) in changes {
+        match flags.iter_mut().find(|(f, _)| f == flag) {
+            Some(slot) => slot.1 = value.to_string(),
+            None => flags.push((flag.to_string(), value.to_string())),
+        }
+    }
+    flags.into_iter().flat_map(|(f, v)| [f, v]).collect()
 }
 
 /// Runs `cmd`, checks that it succeeds, and returns what it printed on stdout.

@@ -8,6 +8,7 @@ use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::{gelu as composite_gelu, gelu_approximate, log_softmax};
 use cinder_kernels::dropout::{Mask, site_seed};
+use cinder_kernels::rotary::{self, Qk};
 
 use crate::Activation;
 
@@ -144,13 +145,15 @@ macro_rules! fused_or {
 }
 pub(crate) use fused_or;
 
-/// Token plus position embeddings for tokens from position `start`, and the embedding dropout.
+/// Token plus (learned, when `wpe`) position embeddings for tokens from position `start`,
+/// RMS-normalised when `normalise`, and the embedding dropout.
 ///
 /// # Shapes
 /// - idx: `[B, T]` -> `[B, T, C]`
 pub(crate) fn embed(
     wte: &Embedding,
-    wpe: &Embedding,
+    wpe: Option<&Embedding>,
+    normalise: bool,
     drop: &Dropout,
     idx: Tensor<2, Int>,
     start: usize,
@@ -158,7 +161,11 @@ pub(crate) fn embed(
 ) -> Tensor<3> {
     fused_or!(pass.fused,
         fused => {
-            let x = fused::embed(idx, wte.weight.val(), wpe.weight.val(), start);
+            let (wte, wpe) = (wte.weight.val(), wpe.map(|e| e.weight.val()));
+            let mut x = fused::embed(idx, wte, wpe, start);
+            if normalise {
+                x = fused::rms_norm(x, pass.eps);
+            }
             match pass.mask(drop, 0, Site::Embedding) {
                 Some(mask) => fused::dropout(x, None, mask),
                 None => x,
@@ -167,22 +174,100 @@ pub(crate) fn embed(
         composite => {
             let t = idx.dims()[1];
             let device = idx.device();
-            let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device)
-                .reshape([1, t]);
-            let x = wte.forward(idx) + wpe.forward(pos); // (B, T, C) + (1, T, C)
+            let mut x = wte.forward(idx);
+            if let Some(wpe) = wpe {
+                let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device)
+                    .reshape([1, t]);
+                x = x + wpe.forward(pos); // (B, T, C) + (1, T, C)
+            }
+            if normalise {
+                x = composite_rms_norm(x, pass.eps);
+            }
             pass.composite_dropout(drop, x)
         },
     )
 }
 
-/// LayerNorm over the last dimension.
-pub(crate) fn layer_norm<const D: usize>(ln: &LayerNorm, x: Tensor<D>, pass: Pass) -> Tensor<D> {
+/// The norm over the last dimension: `ln`, a LayerNorm, or (without one) an RMSNorm without
+/// gain.
+pub(crate) fn norm<const D: usize>(ln: Option<&LayerNorm>, x: Tensor<D>, pass: Pass) -> Tensor<D> {
+    match ln {
+        Some(ln) => fused_or!(pass.fused,
+            fused => {
+                let beta = ln.beta.as_ref().map(|b| b.val());
+                fused::layer_norm(x, ln.gamma.val(), beta, pass.eps)
+            },
+            composite => ln.forward(x),
+        ),
+        None => fused_or!(pass.fused,
+            fused => fused::rms_norm(x, pass.eps),
+            composite => composite_rms_norm(x, pass.eps),
+        ),
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps)` over the last dimension.
+fn composite_rms_norm<const D: usize>(x: Tensor<D>, eps: f32) -> Tensor<D> {
+    let ms = x.clone().square().mean_dim(D - 1); // (.., 1)
+    x / (ms + eps as f64).sqrt()
+}
+
+/// The queries and keys of attention's `[B, T, 3C]` projection, for tokens from position
+/// `start`: each head's RMS-normalised when `qk_norm`, then turned by its position when `rope`
+/// (see `cinder_kernels::rotary`). Values are unchanged.
+///
+/// # Shapes
+/// - qkv: `[B, T, 3C]` -> `[B, T, 3C]`
+pub(crate) fn rotate_qk(
+    qkv: Tensor<3>,
+    n_head: usize,
+    start: usize,
+    rope: bool,
+    qk_norm: bool,
+    pass: Pass,
+) -> Tensor<3> {
+    if !rope && !qk_norm {
+        return qkv;
+    }
+    let qk = |seq: usize, c: usize| Qk {
+        n_embd: c,
+        n_head,
+        seq,
+        start,
+        rope,
+        norm_eps: qk_norm.then_some(pass.eps),
+    };
     fused_or!(pass.fused,
         fused => {
-            let beta = ln.beta.as_ref().map(|b| b.val());
-            fused::layer_norm(x, ln.gamma.val(), beta, pass.eps)
+            let [_, t, c3] = qkv.dims();
+            fused::rotate_qk(qkv, qk(t, c3 / 3))
         },
-        composite => ln.forward(x),
+        composite => {
+            let [b, t, c3] = qkv.dims();
+            let s = qk(t, c3 / 3);
+            let (c, hs) = (s.n_embd, s.n_embd / n_head);
+            let half = hs / 2;
+            let device = qkv.device();
+            let (cos, sin) = rotary::rope_table(start, t, hs);
+            let table = |v: Vec<f32>| {
+                Tensor::<4>::from_data(TensorData::new(v, [1, t, 1, half]), &device)
+            };
+            let (cos, sin) = (table(cos), table(sin));
+            let turn = |part: usize| {
+                let mut x = qkv.clone().narrow(2, part * c, c).reshape([b, t, n_head, hs]);
+                if let Some(eps) = s.norm_eps {
+                    x = composite_rms_norm(x, eps);
+                }
+                if rope {
+                    let (x1, x2) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
+                    let y1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+                    let y2 = x1 * sin.clone() + x2 * cos.clone();
+                    x = Tensor::cat(vec![y1, y2], 3);
+                }
+                x.reshape([b, t, c])
+            };
+            Tensor::cat(vec![turn(0), turn(1), qkv.clone().narrow(2, 2 * c, c)], 2)
+        },
     )
 }
 
@@ -242,43 +327,48 @@ pub(crate) fn linear_activation<const D: usize>(
     )
 }
 
-/// Final LayerNorm, the head tied to the token embedding, and the mean cross-entropy of
-/// `targets`.
+/// The head `w` `[V, C]` (the token embedding, or its own), soft-capped at `softcap` when
+/// positive, and the mean cross-entropy of `targets`.
 ///
 /// # Shapes
-/// - x: `[B, T, C]`, targets: `[B, T]` -> `[1]`
+/// - x: `[B, T, C]` (normalised), targets: `[B, T]` -> `[1]`
 pub(crate) fn head_loss(
-    ln_f: &LayerNorm,
-    wte: &Embedding,
+    w: Tensor<2>,
+    softcap: f32,
     x: Tensor<3>,
     targets: Tensor<2, Int>,
     pass: Pass,
 ) -> Tensor<1> {
-    let x = layer_norm(ln_f, x, pass);
     fused_or!(pass.fused,
-        fused => fused::head_loss(x, wte.weight.val(), targets),
-        composite => cross_entropy(head(wte, x, pass), targets),
+        fused => fused::head_loss(x, w, targets, softcap),
+        composite => cross_entropy(head(w, softcap, x, pass), targets),
     )
 }
 
-/// The head tied to the token embedding: logits = x @ wteᵀ. The fused version is an inference
-/// op (no gradient), so a pass with autodiff takes the composite one.
+/// The head's logits, `x wᵀ` with `w` `[V, C]`, soft-capped at `softcap` when positive. The
+/// fused version is an inference op (no gradient), so a pass with autodiff takes the composite
+/// one.
 ///
 /// # Shapes
 /// - x: `[B, T, C]` -> `[B, T, V]`
-pub(crate) fn head(wte: &Embedding, x: Tensor<3>, pass: Pass) -> Tensor<3> {
-    let composite = |x: Tensor<3>| {
-        let w = wte.weight.val(); // (V, C)
+pub(crate) fn head(w: Tensor<2>, softcap: f32, x: Tensor<3>, pass: Pass) -> Tensor<3> {
+    let composite = |x: Tensor<3>, w: Tensor<2>| {
         let [v, c] = w.dims();
-        x.matmul(w.transpose().reshape([1, c, v]))
+        let logits = x.matmul(w.transpose().reshape([1, c, v]));
+        if softcap > 0.0 {
+            let cap = f64::from(softcap);
+            (logits / cap).tanh() * cap
+        } else {
+            logits
+        }
     };
     fused_or!(pass.fused,
         fused => if x.device().is_autodiff() {
-            composite(x)
+            composite(x, w)
         } else {
-            fused::head(x, wte.weight.val())
+            fused::head(x, w, softcap)
         },
-        composite => composite(x),
+        composite => composite(x, w),
     )
 }
 

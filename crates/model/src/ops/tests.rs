@@ -134,7 +134,7 @@ fn layer_norm_matches_burn() {
         ln.gamma = randomise(&ln.gamma, 1);
         ln.beta = ln.beta.as_ref().map(|b| randomise(b, 2));
         let x = random(shape, 3);
-        let case = |pass| run([x.clone()], |[x]| layer_norm(&ln, x, pass));
+        let case = |pass| run([x.clone()], |[x]| norm(Some(&ln), x, pass));
         assert_close(
             &format!("layer norm {shape:?} bias {bias}"),
             case(fused),
@@ -143,7 +143,7 @@ fn layer_norm_matches_burn() {
         );
         let grad_of = |pass| {
             param_grads(
-                layer_norm(&ln, x.clone(), pass),
+                norm(Some(&ln), x.clone(), pass),
                 &ln.gamma,
                 ln.beta.as_ref(),
             )
@@ -306,6 +306,46 @@ fn dropout_applies_its_mask_forward_and_backward() {
 }
 
 #[test]
+fn rms_norm_matches_its_composite_version() {
+    for (shape, eps) in [([2, 5, 16], 1e-5), ([3, 70, 24], 1e-5), ([2, 3, 8], 0.5)] {
+        let pass = |p: Pass| Pass { eps, ..p };
+        let x = random(shape, 11);
+        let case = |p| run([x.clone()], |[x]| norm(None, x, pass(p)));
+        assert_close(
+            &format!("rms norm {shape:?}"),
+            case(FUSED),
+            case(COMPOSITE),
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn qk_norm_and_rope_match_their_composite_version() {
+    // (batch, seq, heads, width), rope, qk_norm, start
+    let cases = [
+        ((2, 5, 2, 16), true, false, 0),
+        ((2, 5, 2, 16), false, true, 0),
+        ((3, 7, 4, 32), true, true, 0),
+        ((1, 3, 2, 8), true, true, 5), // positions after a cache's
+    ];
+    for ((b, t, h, c), rope, qk_norm, start) in cases {
+        let qkv = random([b, t, 3 * c], 12);
+        let case = |p| {
+            run([qkv.clone()], |[x]| {
+                rotate_qk(x, h, start, rope, qk_norm, p)
+            })
+        };
+        let what = format!("rope {rope}, qk_norm {qk_norm}, start {start}, [{b}, {t}, {c}]");
+        assert_close(&what, case(FUSED), case(COMPOSITE), 1e-4);
+    }
+    // Neither: the projection itself.
+    let qkv = random([2, 5, 48], 13);
+    let same = rotate_qk(qkv.clone(), 2, 0, false, false, FUSED);
+    assert_eq!(values(&same), values(&qkv));
+}
+
+#[test]
 fn embedding_and_head_loss_match_burn() {
     let dev = device();
     let (v, block, c) = (13, 12, 16);
@@ -313,6 +353,7 @@ fn embedding_and_head_loss_match_burn() {
     let mut wpe = EmbeddingConfig::new(block, c).init(&dev);
     wte.weight = randomise(&wte.weight, 1);
     wpe.weight = randomise(&wpe.weight, 2);
+    let own_head = randomise(&wte.weight, 4);
     let mut ln = LayerNormConfig::new(c).init(&dev);
     ln.gamma = randomise(&ln.gamma, 3);
     let drop = DropoutConfig::new(0.0).init();
@@ -320,20 +361,35 @@ fn embedding_and_head_loss_match_burn() {
     let idx = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, 9]), &dev);
     let targets: Vec<i64> = ids.iter().map(|i| (i + 3) % v as i64).collect();
     let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [2, 9]), &dev);
-    let case = |pass| {
-        let x = embed(&wte, &wpe, &drop, idx.clone(), 0, pass);
-        let loss = head_loss(&ln, &wte, x, targets.clone(), pass);
-        let g = loss.clone().backward();
-        let mut v = values(&loss);
-        for p in [&wte.weight, &wpe.weight] {
-            v.extend(values(&p.val().grad(&g).unwrap()));
-        }
-        v.extend(values(&ln.gamma.val().grad(&g).unwrap()));
-        v
-    };
-    let d = max_diff(&case(FUSED), &case(COMPOSITE));
-    assert!(
-        d < 1e-5,
-        "embedding and head: loss or gradients differ by {d}"
-    );
+    // GPT-2's (learned positions, LayerNorm, tied head), then the speedrun's (no positions,
+    // RMSNorm after the embedding and before the head, an untied head, a soft-cap).
+    for modern in [false, true] {
+        let case = |pass| {
+            let (wpe, ln) = if modern {
+                (None, None)
+            } else {
+                (Some(&wpe), Some(&ln))
+            };
+            let head = if modern { &own_head } else { &wte.weight };
+            let softcap = if modern { 2.0 } else { 0.0 };
+            let x = embed(&wte, wpe, modern, &drop, idx.clone(), 0, pass);
+            let x = norm(ln, x, pass);
+            let loss = head_loss(head.val(), softcap, x, targets.clone(), pass);
+            let g = loss.clone().backward();
+            let mut v = values(&loss);
+            let params = [Some(&wte.weight), wpe.map(|e| &e.weight), Some(head)];
+            for p in params.into_iter().flatten() {
+                v.extend(values(&p.val().grad(&g).unwrap()));
+            }
+            if let Some(ln) = ln {
+                v.extend(values(&ln.gamma.val().grad(&g).unwrap()));
+            }
+            v
+        };
+        let d = max_diff(&case(FUSED), &case(COMPOSITE));
+        assert!(
+            d < 1e-5,
+            "embedding and head (modern {modern}): loss or gradients differ by {d}"
+        );
+    }
 }

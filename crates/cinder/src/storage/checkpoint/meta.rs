@@ -10,8 +10,10 @@ use crate::config::TrainConfig;
 
 /// The checkpoint layout this build writes; it reads this version and older ones.
 /// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
-/// and `data_paths`.
-pub const FORMAT_VERSION: u32 = 3;
+/// and `data_paths`; version 4 the model options (`position`, `norm`, `qk_norm`,
+/// `logit_softcap`, `tie_embeddings`, `zero_init`) and Muon's `head_lr`. A field an older
+/// checkpoint lacks takes [`TrainConfig`]'s default, which is the behaviour before it existed.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Size and checksum of one file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

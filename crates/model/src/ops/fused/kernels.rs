@@ -14,7 +14,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Shape, TensorData};
 use cinder_kernels::attention;
 use cinder_kernels::dropout::{self, Mask};
-use cinder_kernels::{embedding, gelu, layernorm, linear, loss};
+use cinder_kernels::{embedding, gelu, layernorm, linear, loss, rmsnorm, rotary};
 use rayon::prelude::*;
 
 // Buffers.
@@ -191,9 +191,13 @@ impl Kernel<2> for Embed {
     ) -> [Option<FlexTensor>; 2] {
         assert_eq!(self.start, 0, "the embeddings train from position 0");
         let mut dwte = zeros(wte_dims.iter().product());
-        let mut dwpe = zeros(wpe_dims.iter().product());
+        let mut dwpe = zeros(wpe_dims.iter().product()); // empty without learned positions
         embedding::backward(&floats(&grad), &self.ids, self.seq, &mut dwte, &mut dwpe);
-        [Some(tensor(dwte, wte_dims)), Some(tensor(dwpe, wpe_dims))]
+        let has_wpe = !dwpe.is_empty();
+        [
+            Some(tensor(dwte, wte_dims)),
+            has_wpe.then(|| tensor(dwpe, wpe_dims)),
+        ]
     }
 }
 
@@ -424,40 +428,120 @@ impl Kernel<2> for Dropout {
 }
 
 #[derive(Debug)]
-pub(super) struct HeadLoss {
-    pub targets: Vec<u32>,
+pub(super) struct RmsNorm {
+    pub eps: f32,
 }
 
-impl Kernel<2> for HeadLoss {
-    /// x, wte, the probabilities
-    type Saved = (FlexTensor, FlexTensor, Vec<f32>);
+impl Kernel<1> for RmsNorm {
+    /// the output, 1/rms of each row
+    type Saved = (FlexTensor, Vec<f32>);
 
-    fn forward(&self, [x, wte]: [FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
-        let [x, wte] = [&x, &wte];
-        let v = dims(wte)[0];
-        let mut probs = zeros(self.targets.len() * v);
-        let mean = loss::forward(&floats(x), &floats(wte), &self.targets, &mut probs);
-        (tensor(vec![mean], [1]), (x.clone(), wte.clone(), probs))
+    fn forward(&self, [x]: [FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+        let shape = dims(&x);
+        let xs = floats(&x);
+        let c = *shape.last().expect("rank >= 1");
+        let (mut out, mut rstd) = (zeros(xs.len()), zeros(xs.len() / c));
+        rmsnorm::forward(&xs, c, self.eps, &mut out, &mut rstd);
+        let out = tensor(out, shape);
+        (out.clone(), (out, rstd))
     }
 
     fn backward(
         self,
-        (x, wte, mut probs): Self::Saved,
+        (y, rstd): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 1],
+    ) -> [Option<FlexTensor>; 1] {
+        let shape = dims(&grad);
+        let y = floats(&y);
+        let c = y.len() / rstd.len();
+        let mut dx = zeros(y.len());
+        rmsnorm::backward(&floats(&grad), &y, &rstd, c, &mut dx);
+        [Some(tensor(dx, shape))]
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct RotateQk(pub rotary::Qk);
+
+impl Kernel<1> for RotateQk {
+    /// the output, each head's 1/rms
+    type Saved = (FlexTensor, Vec<f32>);
+
+    fn forward(&self, [qkv]: [FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
+        let shape = dims(&qkv);
+        let xs = floats(&qkv);
+        let rows = xs.len() / (3 * self.0.n_embd);
+        let (mut out, mut rstd) = (zeros(xs.len()), zeros(rows * 2 * self.0.n_head));
+        rotary::forward(&xs, self.0, &mut out, &mut rstd);
+        let out = tensor(out, shape);
+        (out.clone(), (out, rstd))
+    }
+
+    fn backward(
+        self,
+        (out, rstd): Self::Saved,
+        grad: FlexTensor,
+        _: [bool; 1],
+    ) -> [Option<FlexTensor>; 1] {
+        let shape = dims(&grad);
+        let out = floats(&out);
+        let mut dqkv = zeros(out.len());
+        rotary::backward(&floats(&grad), &out, &rstd, self.0, &mut dqkv);
+        [Some(tensor(dqkv, shape))]
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct HeadLoss {
+    pub targets: Vec<u32>,
+    /// The logits' soft-cap (0: none).
+    pub softcap: f32,
+}
+
+impl Kernel<2> for HeadLoss {
+    /// x, the head's weight, the probabilities, the soft-cap's slopes (empty without one)
+    type Saved = (FlexTensor, FlexTensor, Vec<f32>, Vec<f32>);
+
+    fn forward(&self, [x, w]: [FlexTensor; 2]) -> (FlexTensor, Self::Saved) {
+        let [x, w] = [&x, &w];
+        let n = self.targets.len() * dims(w)[0];
+        let mut probs = zeros(n);
+        let mut slopes = zeros(if self.softcap > 0.0 { n } else { 0 });
+        let (xs, ws) = (floats(x), floats(w));
+        let mean = loss::forward(
+            &xs,
+            &ws,
+            &self.targets,
+            self.softcap,
+            &mut probs,
+            &mut slopes,
+        );
+        (
+            tensor(vec![mean], [1]),
+            (x.clone(), w.clone(), probs, slopes),
+        )
+    }
+
+    fn backward(
+        self,
+        (x, w, mut probs, slopes): Self::Saved,
         grad: FlexTensor,
         _: [bool; 2],
     ) -> [Option<FlexTensor>; 2] {
         let scale = floats(&grad)[0];
-        let (xs, ws) = (floats(&x), floats(&wte));
-        let (mut dx, mut dwte) = (zeros(xs.len()), zeros(ws.len()));
+        let (xs, ws) = (floats(&x), floats(&w));
+        let (mut dx, mut dw) = (zeros(xs.len()), zeros(ws.len()));
         loss::backward(
             &xs,
             &ws,
             &self.targets,
             scale,
+            &slopes,
             &mut probs,
             &mut dx,
-            &mut dwte,
+            &mut dw,
         );
-        [Some(tensor(dx, dims(&x))), Some(tensor(dwte, dims(&wte)))]
+        [Some(tensor(dx, dims(&x))), Some(tensor(dw, dims(&w)))]
     }
 }

@@ -16,7 +16,7 @@ use burn::prelude::*;
 use cinder_kernels::adamw::{self, Update};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::Mask;
-use cinder_kernels::{gelu, loss, muon};
+use cinder_kernels::{gelu, loss, muon, rotary};
 
 use crate::Activation;
 
@@ -26,7 +26,7 @@ use kernels::*;
 /// The layers that have a fused version, for training (and inference) on Flex.
 #[backend_extension(Flex, Autodiff)]
 pub trait Layers: burn::backend::Backend {
-    /// `wte[ids] + wpe[start..]`: `[B, T]` ids -> `[B, T, C]`.
+    /// `wte[ids] + wpe[start..]` (`wpe` empty: `wte[ids]`): `[B, T]` ids -> `[B, T, C]`.
     fn embed(
         ids: IntTensor<Self>,
         wte: FloatTensor<Self>,
@@ -40,6 +40,10 @@ pub trait Layers: burn::backend::Backend {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> FloatTensor<Self>;
+    /// RMSNorm without gain over the last dimension.
+    fn rms_norm(x: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+    /// QK-norm and RoPE on attention's `[B, T, 3C]` projection (`cinder_kernels::rotary`).
+    fn rotate_qk(qkv: FloatTensor<Self>, qk: rotary::Qk) -> FloatTensor<Self>;
     /// `residual + (x W + b)` (`bias`, `residual`: empty when absent).
     fn linear(
         x: FloatTensor<Self>,
@@ -60,11 +64,13 @@ pub trait Layers: burn::backend::Backend {
         p: f32,
         seed: u64,
     ) -> FloatTensor<Self>;
-    /// Mean cross-entropy of `targets` under the tied head's logits `x wteᵀ`: `[1]`.
+    /// Mean cross-entropy of `targets` under the head's logits `x wᵀ`, soft-capped when
+    /// `softcap > 0`: `[1]`.
     fn head_loss(
         x: FloatTensor<Self>,
-        wte: FloatTensor<Self>,
+        w: FloatTensor<Self>,
         targets: IntTensor<Self>,
+        softcap: f32,
     ) -> FloatTensor<Self>;
 }
 
@@ -82,8 +88,8 @@ pub trait Inference: burn::backend::Backend {
         n_head: usize,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The tied head's logits `x wteᵀ`: `[.., C]` -> `[.., V]`.
-    fn head(x: FloatTensor<Self>, wte: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The head's logits `x wᵀ`, soft-capped when `softcap > 0`: `[.., C]` -> `[.., V]`.
+    fn head(x: FloatTensor<Self>, w: FloatTensor<Self>, softcap: f32) -> FloatTensor<Self>;
 }
 
 /// The optimizer's fused passes, on plain Flex.
@@ -106,13 +112,27 @@ pub trait Optim: burn::backend::Backend {
 // ---------------------------------------------------------------------------------------------
 // Tensor-level entry points, for the model and its optimizer.
 
-pub fn embed(ids: Tensor<2, Int>, wte: Tensor<2>, wpe: Tensor<2>, start: usize) -> Tensor<3> {
+pub fn embed(
+    ids: Tensor<2, Int>,
+    wte: Tensor<2>,
+    wpe: Option<Tensor<2>>,
+    start: usize,
+) -> Tensor<3> {
+    let device = wte.device();
     Tensor::from_dispatch(<Dispatch as Layers>::embed(
         ids.into_dispatch(),
         wte.into_dispatch(),
-        wpe.into_dispatch(),
+        or_empty(wpe, &device),
         start,
     ))
+}
+
+pub fn rms_norm<const D: usize>(x: Tensor<D>, eps: f32) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as Layers>::rms_norm(x.into_dispatch(), eps))
+}
+
+pub fn rotate_qk(qkv: Tensor<3>, qk: rotary::Qk) -> Tensor<3> {
+    Tensor::from_dispatch(<Dispatch as Layers>::rotate_qk(qkv.into_dispatch(), qk))
 }
 
 pub fn layer_norm<const D: usize>(
@@ -193,18 +213,20 @@ pub fn dropout<const D: usize>(x: Tensor<D>, residual: Option<Tensor<D>>, mask: 
     ))
 }
 
-pub fn head_loss(x: Tensor<3>, wte: Tensor<2>, targets: Tensor<2, Int>) -> Tensor<1> {
+pub fn head_loss(x: Tensor<3>, w: Tensor<2>, targets: Tensor<2, Int>, softcap: f32) -> Tensor<1> {
     Tensor::from_dispatch(<Dispatch as Layers>::head_loss(
         x.into_dispatch(),
-        wte.into_dispatch(),
+        w.into_dispatch(),
         targets.into_dispatch(),
+        softcap,
     ))
 }
 
-pub fn head<const D: usize>(x: Tensor<D>, wte: Tensor<2>) -> Tensor<D> {
+pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>, softcap: f32) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as Inference>::head(
         x.into_dispatch(),
-        wte.into_dispatch(),
+        w.into_dispatch(),
+        softcap,
     ))
 }
 
@@ -284,6 +306,12 @@ impl Layers for Flex {
     fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
         LayerNorm { eps }.forward([x, g, b]).0
     }
+    fn rms_norm(x: FlexTensor, eps: f32) -> FlexTensor {
+        RmsNorm { eps }.forward([x]).0
+    }
+    fn rotate_qk(qkv: FlexTensor, qk: rotary::Qk) -> FlexTensor {
+        RotateQk(qk).forward([qkv]).0
+    }
     fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
         Linear.forward([x, w, b, r]).0
     }
@@ -308,11 +336,12 @@ impl Layers for Flex {
         let m = mask(p, seed).expect("dropout with p > 0");
         Dropout(m).forward([x, r]).0
     }
-    fn head_loss(x: FlexTensor, wte: FlexTensor, targets: FlexTensor) -> FlexTensor {
+    fn head_loss(x: FlexTensor, w: FlexTensor, targets: FlexTensor, softcap: f32) -> FlexTensor {
         HeadLoss {
             targets: ids(&targets),
+            softcap,
         }
-        .forward([x, wte])
+        .forward([x, w])
         .0
     }
 }
@@ -323,6 +352,12 @@ impl<C: CheckpointStrategy> Layers for Ad<C> {
     }
     fn layer_norm(x: AdTensor<C>, g: AdTensor<C>, b: AdTensor<C>, eps: f32) -> AdTensor<C> {
         tracked::<_, C, 3>(LayerNorm { eps }, [x, g, b])
+    }
+    fn rms_norm(x: AdTensor<C>, eps: f32) -> AdTensor<C> {
+        tracked::<_, C, 1>(RmsNorm { eps }, [x])
+    }
+    fn rotate_qk(qkv: AdTensor<C>, qk: rotary::Qk) -> AdTensor<C> {
+        tracked::<_, C, 1>(RotateQk(qk), [qkv])
     }
     fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
         tracked::<_, C, 4>(Linear, [x, w, b, r])
@@ -338,13 +373,9 @@ impl<C: CheckpointStrategy> Layers for Ad<C> {
         let m = mask(p, seed).expect("dropout with p > 0");
         tracked::<_, C, _>(Dropout(m), [x, r])
     }
-    fn head_loss(x: AdTensor<C>, wte: AdTensor<C>, targets: FlexTensor) -> AdTensor<C> {
-        tracked::<_, C, _>(
-            HeadLoss {
-                targets: ids(&targets),
-            },
-            [x, wte],
-        )
+    fn head_loss(x: AdTensor<C>, w: AdTensor<C>, targets: FlexTensor, softcap: f32) -> AdTensor<C> {
+        let targets = ids(&targets);
+        tracked::<_, C, _>(HeadLoss { targets, softcap }, [x, w])
     }
 }
 
@@ -383,11 +414,11 @@ impl Inference for Flex {
         (tensor(y, [samples, rows, c]), keys, values)
     }
 
-    fn head(x: FlexTensor, wte: FlexTensor) -> FlexTensor {
-        let (shape, [v, c]) = (dims(&x), [dims(&wte)[0], dims(&wte)[1]]);
+    fn head(x: FlexTensor, w: FlexTensor, softcap: f32) -> FlexTensor {
+        let (shape, [v, c]) = (dims(&x), [dims(&w)[0], dims(&w)[1]]);
         let xs = floats(&x);
         let mut out = zeros(xs.len() / c * v);
-        loss::logits(&xs, &floats(&wte), c, &mut out);
+        loss::logits(&xs, &floats(&w), c, softcap, &mut out);
         tensor(out, with_last(&shape, v))
     }
 }

@@ -1,0 +1,146 @@
+//! Queries and keys before attention: each head's RMS-normalised (QK-norm) and then rotated by
+//! its position (rotary embeddings, RoPE), on the fused `[N, 3C]` projection. Values pass
+//! unchanged. RoPE pairs the two halves of a head (GPT-NeoX's layout): element `i` and
+//! `i + hs/2` turn by the angle `pos · base^(-i / (hs/2))`.
+
+use rayon::prelude::*;
+
+use crate::{rmsnorm, rows};
+
+/// RoPE's base (RoFormer's, Llama's, the nanoGPT speedrun's).
+pub const ROPE_BASE: f64 = 10_000.0;
+
+/// What happens to the queries and keys of a `[B·T, 3C]` projection whose rows are the
+/// positions `start..start + seq` of each sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Qk {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub seq: usize,
+    pub start: usize,
+    /// Rotate by position (RoPE).
+    pub rope: bool,
+    /// RMS-normalise each head, with this epsilon (QK-norm).
+    pub norm_eps: Option<f32>,
+}
+
+/// The cosines and sines of RoPE's angles for positions `start..start + seq`: `[seq, hs/2]` each.
+/// The composite version builds its tensors from this table too.
+pub fn rope_table(start: usize, seq: usize, head_size: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = head_size / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| ROPE_BASE.powf(-(i as f64) / half as f64) as f32)
+        .collect();
+    let angles =
+        || (start..start + seq).flat_map(|p| inv.iter().map(move |f| (p as f32 * f) as f64));
+    (
+        angles().map(|a| a.cos() as f32).collect(),
+        angles().map(|a| a.sin() as f32).collect(),
+    )
+}
+
+/// Turns one head `x` `[hs]` by the angles whose cosines and sines are `cos`, `sin` `[hs/2]`;
+/// `inverse` turns it back (the transpose: the backward pass).
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], inverse: bool) {
+    let (lo, hi) = x.split_at_mut(cos.len());
+    for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
+        let s = if inverse { -s } else { s };
+        (*a, *b) = (*a * c - *b * s, *a * s + *b * c);
+    }
+}
+
+/// The `[seq, hs/2]` cosine and sine tables of `s` (empty without RoPE).
+fn tables(s: Qk) -> (Vec<f32>, Vec<f32>) {
+    if s.rope {
+        rope_table(s.start, s.seq, s.n_embd / s.n_head)
+    } else {
+        (Vec::new(), Vec::new())
+    }
+}
+
+/// `out` = `qkv` with its queries and keys normalised and rotated as `s` says; each head's
+/// 1/rms goes to `rstd` (queries' heads, then keys'; 1 without QK-norm).
+///
+/// # Shapes
+/// - qkv, out: `[N, 3C]` with `N` a multiple of `s.seq`; rstd: `[N, 2H]`
+pub fn forward(qkv: &[f32], s: Qk, out: &mut [f32], rstd: &mut [f32]) {
+    let (c, h) = (s.n_embd, s.n_head);
+    let hs = c / h;
+    let (cos, sin) = tables(s);
+    let rows = rows_per(c);
+    out.par_chunks_mut(3 * c * rows)
+        .zip(qkv.par_chunks(3 * c * rows))
+        .zip(rstd.par_chunks_mut(2 * h * rows))
+        .enumerate()
+        .for_each(|(task, ((out, qkv), rstd))| {
+            let rows = out.chunks_exact_mut(3 * c).zip(qkv.chunks_exact(3 * c));
+            for (i, ((o, x), r)) in rows.zip(rstd.chunks_exact_mut(2 * h)).enumerate() {
+                let t = (task * rows_per(c) + i) % s.seq;
+                o.copy_from_slice(x);
+                for (head, r) in r.iter_mut().enumerate() {
+                    let at = head * hs..(head + 1) * hs; // queries' heads, then keys'
+                    *r = match s.norm_eps {
+                        Some(eps) => rmsnorm::norm_row(&x[at.clone()], eps, &mut o[at.clone()]),
+                        None => 1.0,
+                    };
+                    if s.rope {
+                        let angles = t * (hs / 2)..(t + 1) * (hs / 2);
+                        rotate(&mut o[at], &cos[angles.clone()], &sin[angles], false);
+                    }
+                }
+            }
+        });
+}
+
+/// Backward of [`forward`]: writes `∂loss/∂qkv` to `dqkv`, from the forward's output `out`
+/// and `rstd`.
+///
+/// # Shapes
+/// - dout, out, dqkv: `[N, 3C]`; rstd: `[N, 2H]`
+pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: Qk, dqkv: &mut [f32]) {
+    let (c, h) = (s.n_embd, s.n_head);
+    let hs = c / h;
+    let (cos, sin) = tables(s);
+    let rows = rows_per(c);
+    dqkv.par_chunks_mut(3 * c * rows)
+        .zip(
+            dout.par_chunks(3 * c * rows)
+                .zip(out.par_chunks(3 * c * rows)),
+        )
+        .zip(rstd.par_chunks(2 * h * rows))
+        .enumerate()
+        .for_each_init(
+            || (vec![0.0; hs], vec![0.0; hs]),
+            |(dy, y), (task, ((dx, (dout, out)), rstd))| {
+                let rows = dx.chunks_exact_mut(3 * c).zip(dout.chunks_exact(3 * c));
+                let rows = rows.zip(out.chunks_exact(3 * c).zip(rstd.chunks_exact(2 * h)));
+                for (i, ((dx, dout), (out, rstd))) in rows.enumerate() {
+                    let t = (task * rows_per(c) + i) % s.seq;
+                    dx.copy_from_slice(dout);
+                    for (head, &r) in rstd.iter().enumerate() {
+                        let at = head * hs..(head + 1) * hs;
+                        let angles = t * (hs / 2)..(t + 1) * (hs / 2);
+                        let (cos, sin) = if s.rope {
+                            (&cos[angles.clone()], &sin[angles])
+                        } else {
+                            (&cos[..0], &sin[..0])
+                        };
+                        // The rotation's gradient is the gradient turned back.
+                        rotate(&mut dx[at.clone()], cos, sin, true);
+                        if s.norm_eps.is_some() {
+                            // The normalised head before its rotation: the output turned back.
+                            y.copy_from_slice(&out[at.clone()]);
+                            rotate(y, cos, sin, true);
+                            dy.copy_from_slice(&dx[at.clone()]);
+                            rmsnorm::backward_row(dy, y, r, &mut dx[at]);
+                        }
+                    }
+                }
+            },
+        );
+}
+
+/// Rows per rayon task for a projection `3 * n_embd` wide.
+fn rows_per(n_embd: usize) -> usize {
+    rows::per_task(3 * n_embd)
+}
