@@ -10,7 +10,7 @@ use burn::prelude::*;
 use cinder::storage::checkpoint;
 use cinder::storage::names::{BEST, LATEST};
 use cinder_data::BpeTokenizer;
-use cinder_model::{Activation, GptConfig, Ops};
+use cinder_model::{Activation, GptConfig, Norm, Ops, Position};
 use common::{fails_with, max_diff, stdout_of};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::json;
@@ -224,31 +224,85 @@ fn import_then_export_gives_the_same_tensor_values() {
     );
 }
 
-/// A model whose activation no GPT-2 folder can express is refused by name, and nothing is
-/// written.
+/// A model with an option no GPT-2 folder can express is refused by that option's name, and
+/// nothing is written.
 #[test]
-fn export_refuses_relu2_by_name() {
+fn export_refuses_what_gpt2_cannot_express_by_name() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let device = common::backend().device;
+    let gpt2 = cinder::config::TrainConfig {
+        n_layer: N_LAYER,
+        n_head: 4,
+        n_embd: N_EMBD,
+        block_size: N_POSITIONS,
+        ..cinder::config::TrainConfig::default()
+    };
+    type Option = fn(&mut cinder::config::TrainConfig);
+    let cases: [(Option, &str, &str); 5] = [
+        (|c| c.activation = Activation::Relu2, "activation", "relu2"),
+        (|c| c.position = Position::Rope, "position", "rope"),
+        (|c| c.norm = Norm::Rmsnorm, "norm", "rmsnorm"),
+        (|c| c.qk_norm = true, "qk_norm", "true"),
+        (|c| c.logit_softcap = 30.0, "logit_softcap", "30"),
+    ];
+    let tok = cinder_data::Tokenizer::Bpe(tokenizer());
+    for (set, field, value) in cases {
+        let mut config = gpt2.clone();
+        set(&mut config);
+        let model = config.model(tok.vocab_size()).init(&device).unwrap();
+        let folder = dir.path().join(field);
+        let err = cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains(field) && message.contains(value),
+            "{message}"
+        );
+        assert!(!folder.exists(), "nothing written");
+    }
+}
+
+/// An untied head is written as Hugging Face writes one (`lm_head.weight` beside the
+/// transformer's tensors, `tie_word_embeddings: false`), and read back as the same model.
+#[test]
+fn an_untied_head_exports_as_lm_head_and_imports_back() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let device = common::backend().device;
+    device.seed(4);
     let config = cinder::config::TrainConfig {
         n_layer: N_LAYER,
         n_head: 4,
         n_embd: N_EMBD,
         block_size: N_POSITIONS,
-        activation: Activation::Relu2,
+        tie_embeddings: false,
         ..cinder::config::TrainConfig::default()
     };
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
     let folder = dir.path().join("gpt2");
-    let err = cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap_err();
-    let message = err.to_string();
-    assert!(
-        message.contains("activation") && message.contains("relu2"),
-        "{message}"
-    );
-    assert!(!folder.exists(), "nothing written");
+    cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap();
+    let hf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(hf["tie_word_embeddings"], json!(false));
+    let tensors = read_tensors(&folder.join("model.safetensors"));
+    let head = &tensors["lm_head.weight"];
+    assert_eq!(head.0, vec![tok.vocab_size(), N_EMBD]);
+    let own: Vec<f32> = model
+        .lm_head
+        .as_ref()
+        .unwrap()
+        .val()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    assert_eq!(head.1, own);
+
+    let loaded = checkpoint::load(&folder, &[BEST, LATEST], &device).unwrap();
+    assert!(!loaded.meta.config.tie_embeddings);
+    let d = max_diff(&logits(&model, &device), &logits(&loaded.model, &device));
+    assert!(d < 1e-5, "logits differ by {d}");
 }
 
 /// A cinder model with GPT-2's tanh GELU and an unusual epsilon, exported and imported: the
@@ -275,6 +329,11 @@ fn an_imported_model_gives_the_composite_models_logits() {
 
     let loaded = checkpoint::load(&folder, &[BEST, LATEST], &device).unwrap();
     assert_eq!(loaded.meta.config.activation, Activation::GeluTanh);
+    assert_eq!(
+        loaded.meta.config.optimizer,
+        cinder::config::OptimizerKind::Adamw,
+        "a GPT-2 folder is trained with AdamW unless a config says otherwise"
+    );
     assert_eq!(loaded.meta.config.layer_norm_epsilon, 1e-2);
     let want = logits(&model.clone().with_ops(Ops::Composite), &device);
     let got = logits(&loaded.model, &device);
@@ -419,6 +478,14 @@ fn a_gpt2_folder_fine_tunes_and_evaluates() {
     stdout_of(fine_tune(&run).args(settings));
     let meta = checkpoint::load_meta(&run.join(LATEST)).unwrap();
     assert_eq!(meta.iter, 3);
+    // GPT-2's architecture, and AdamW, whatever the default run's recipe is.
+    let c = &meta.config;
+    assert_eq!(
+        (c.position, c.norm, c.qk_norm),
+        (Position::Learned, Norm::Layernorm, false)
+    );
+    assert_eq!((c.tie_embeddings, c.logit_softcap), (true, 0.0));
+    assert_eq!(c.optimizer, cinder::config::OptimizerKind::Adamw);
     assert_eq!(meta.config.activation, Activation::GeluTanh);
     assert_eq!(meta.config.layer_norm_epsilon, 1e-3);
     assert_eq!((meta.config.n_embd, meta.config.block_size), (N_EMBD, 16));

@@ -104,6 +104,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
             out["ops"] = t.ops().name().into();
             let params = t.model().num_params();
+            let matmul_params = matmul_params(t.model());
             for _ in 0..warmup_steps {
                 t.step();
             }
@@ -111,7 +112,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
             let tokens = config.tokens_per_iter() as f64;
-            let flops = flops_per_iter(&config, params);
+            let flops = flops_per_iter(&config, matmul_params);
             let peak = peak_gflops(&backend.device);
             out["params"] = params.into();
             out["ms_per_iter"] = round(median * 1e3, 3).into();
@@ -207,10 +208,24 @@ fn trainer(
 }
 
 /// Model FLOPs of one training step (forward and backward), as nanoGPT's `estimate_mfu` counts
-/// them: 6 per parameter per token, plus attention's 12 * n_layer * n_embd * block_size.
+/// them: 6 per weight that multiplies per token (`params`, from [`matmul_params`]), plus
+/// attention's 12 * n_layer * n_embd * block_size.
 fn flops_per_iter(c: &TrainConfig, params: usize) -> f64 {
     let per_token = 6.0 * params as f64 + 12.0 * (c.n_layer * c.n_embd * c.block_size) as f64;
     per_token * c.tokens_per_iter() as f64
+}
+
+/// The weights that take part in a matrix product: all but the learned positions (a lookup, as
+/// nanoGPT's `get_num_params` leaves them out) and, with an untied head, the token embedding
+/// (a lookup too; the head is counted as `lm_head`). Tied, the table is counted once, as the head.
+fn matmul_params(model: &cinder_model::Gpt) -> usize {
+    let table = |w: &burn::module::Param<Tensor<2>>| w.lazy_shape().num_elements();
+    let wpe = model.wpe.as_ref().map_or(0, |e| table(&e.weight));
+    let untied_table = model
+        .lm_head
+        .as_ref()
+        .map_or(0, |_| table(&model.wte.weight));
+    model.num_params() - wpe - untied_table
 }
 
 /// Best GFLOP/s of a 1024 x 1024 x 1024 matrix multiply on `device`, over a few runs.

@@ -64,7 +64,16 @@ fn start_new(
     backend: Backend,
     say: &dyn Fn(String),
 ) -> anyhow::Result<(Trainer, RunLock)> {
-    let mut config = if req.config == Path::new(DEFAULT_CONFIG) && !req.config.exists() {
+    let default_config = req.config == Path::new(DEFAULT_CONFIG);
+    let mut config = if default_config && req.init_from.is_some() {
+        // The default run's recipe (Muon at a high rate) is for training from scratch: a
+        // fine-tuning without a config of its own takes nanoGPT's AdamW recipe, as before.
+        say(
+            "fine-tuning without --config: nanoGPT's AdamW recipe (configs/nanogpt_cpu.toml)"
+                .into(),
+        );
+        TrainConfig::default()
+    } else if default_config && !req.config.exists() {
         say(format!(
             "{DEFAULT_CONFIG} not found: using the copy built into this program"
         ));
