@@ -23,18 +23,17 @@ fn gpu() -> Backend {
         .expect("wgpu needs a Vulkan driver: apt-get install mesa-vulkan-drivers libvulkan1")
 }
 
-/// The tiny config without dropout, trained by `optimizer`.
-fn config(optimizer: OptimizerKind) -> TrainConfig {
+/// The tiny config without dropout (nanoGPT's recipe: AdamW).
+fn config() -> TrainConfig {
     TrainConfig {
         dropout: 0.0,
-        optimizer,
         ..tiny_config()
     }
 }
 
 /// A trainer on `backend` resumed from the checkpoint `from`, or a new one written to `out`.
 fn trainer(backend: Backend, dir: &Path, from: Option<&Path>, out: &str) -> Trainer {
-    trainer_with(config(OptimizerKind::Adamw), backend, dir, from, out)
+    trainer_with(config(), backend, dir, from, out)
 }
 
 fn trainer_with(
@@ -95,7 +94,7 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     let mut on_cpu = trainer(cpu.clone(), dir.path(), None, "cpu");
     on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
     let ckpt = dir.path().join("cpu").join(LATEST);
-    settle_kernels(config(OptimizerKind::Adamw), &gpu, dir.path(), &ckpt);
+    settle_kernels(config(), &gpu, dir.path(), &ckpt);
     let mut on_gpu = trainer(gpu.clone(), dir.path(), Some(&ckpt), "gpu");
 
     // Forward pass.
@@ -150,12 +149,33 @@ fn same_weights_same_logits_same_losses_and_checkpoints_cross_over() {
     }
 }
 
+/// The default run's recipe (RoPE, RMSNorm, QK-norm, ReLU², an untied zero-initialised head,
+/// Muon and the trapezoid) at the tiny config's size.
+fn recipe() -> TrainConfig {
+    let t = tiny_config();
+    TrainConfig {
+        n_layer: t.n_layer,
+        n_head: t.n_head,
+        n_embd: t.n_embd,
+        block_size: t.block_size,
+        batch_size: t.batch_size,
+        max_iters: t.max_iters,
+        warmup_iters: t.warmup_iters,
+        lr_decay_iters: t.lr_decay_iters,
+        eval_interval: t.eval_interval,
+        eval_iters: t.eval_iters,
+        checkpoint_interval: t.checkpoint_interval,
+        ..TrainConfig::default_run()
+    }
+}
+
 #[test]
-fn muon_steps_agree_across_backends() {
-    // Muon's update is the composite one on wgpu and the fused one on the CPU.
+fn the_default_recipe_and_muon_steps_agree_across_backends() {
+    // Every option is fused on the CPU and composite on wgpu, Muon's update included.
     let dir = tempfile::tempdir().unwrap();
     let (cpu, gpu) = (common::backend(), gpu());
-    let c = config(OptimizerKind::Muon);
+    let c = recipe();
+    assert_eq!(c.optimizer, OptimizerKind::Muon);
     let mut on_cpu = trainer_with(c.clone(), cpu, dir.path(), None, "cpu");
     on_cpu.run(&mut (), &AtomicBool::new(true)).unwrap();
     let ckpt = dir.path().join("cpu").join(LATEST);
