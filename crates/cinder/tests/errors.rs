@@ -347,7 +347,8 @@ fn help_lists_every_flag_with_its_default_and_version_works() {
     let max_iters = cinder::config::TrainConfig::default().max_iters;
     assert!(
         help.contains(&format!("[default: {max_iters}]"))
-            && help.contains("[default: configs/tiny_cpu.toml]")
+            && help
+                .contains("[default: configs/tiny_cpu.toml; with --init-from, nanoGPT's recipe]")
     );
     let help = common::stdout_of(generate(dir.path()).arg("--help"));
     for default in [

@@ -11,7 +11,7 @@ use cinder::device::{Backend, DeviceChoice};
 use cinder::run::metrics::{self, MetricsLog};
 use cinder::run::plot::LossPlot;
 use cinder::run::progress::{ConsoleObserver, Verbosity};
-use cinder::run::start::{self, DEFAULT_CONFIG, StartRequest};
+use cinder::run::start::{self, StartRequest};
 use cinder::run::trainer::Outcome;
 use cinder::storage::names::{self, BEST, LATEST};
 use clap::Parser;
@@ -30,9 +30,10 @@ use clap::Parser;
 #[command(version, about, long_about)]
 struct Args {
     /// Run configuration (TOML); fields it leaves out take the built-in defaults, nanoGPT's
-    /// recipe (configs/nanogpt_cpu.toml), so that an old config keeps its meaning
-    #[arg(long, default_value = DEFAULT_CONFIG, conflicts_with = "resume")]
-    config: PathBuf,
+    /// recipe (configs/nanogpt_cpu.toml), so that an old config keeps its meaning [default:
+    /// configs/tiny_cpu.toml; with --init-from, nanoGPT's recipe]
+    #[arg(long, conflicts_with = "resume")]
+    config: Option<PathBuf>,
     /// Training data: UTF-8 text files, folders of .txt files (documents), or a folder made by
     /// `prepare` [default: data/tinyshakespeare.txt, or the resumed run's data]
     #[arg(long, num_args = 1.., value_name = "PATH")]

@@ -28,8 +28,9 @@ pub const DEFAULT_RUN: &str = "checkpoints/tiny_cpu";
 /// What `train` was asked for.
 #[derive(Debug, Clone)]
 pub struct StartRequest {
-    /// The config file of a new run.
-    pub config: PathBuf,
+    /// The config file of a new run; none for the default: [`DEFAULT_CONFIG`] (its built-in
+    /// copy when the file is not there), or nanoGPT's recipe for a fine-tuning (`init_from`).
+    pub config: Option<PathBuf>,
     /// Text files, folders of them, or a prepared folder; empty for the default (or, when
     /// resuming, the run's own).
     pub data: Vec<PathBuf>,
@@ -64,31 +65,34 @@ fn start_new(
     backend: Backend,
     say: &dyn Fn(String),
 ) -> anyhow::Result<(Trainer, RunLock)> {
-    let default_config = req.config == Path::new(DEFAULT_CONFIG);
-    let mut config = if default_config && req.init_from.is_some() {
-        // The default run's recipe (Muon at a high rate) is for training from scratch: a
-        // fine-tuning without a config of its own takes nanoGPT's AdamW recipe, as before.
-        say(
-            "fine-tuning without --config: nanoGPT's AdamW recipe (configs/nanogpt_cpu.toml)"
-                .into(),
-        );
-        TrainConfig::default()
-    } else if default_config && !req.config.exists() {
-        say(format!(
-            "{DEFAULT_CONFIG} not found: using the copy built into this program"
-        ));
-        TrainConfig::default_run()
-    } else {
-        TrainConfig::load(&req.config)?
+    // The config, the file it came from (if any) and the run's name.
+    let (mut config, file, name) = match &req.config {
+        Some(path) => (TrainConfig::load(path)?, Some(path.clone()), stem(path)),
+        None if req.init_from.is_some() => {
+            // The default run's recipe (Muon at a high rate) is for training from scratch: a
+            // fine-tuning without a config of its own takes nanoGPT's AdamW recipe.
+            say(
+                "fine-tuning without --config: nanoGPT's AdamW recipe (configs/nanogpt_cpu.toml)"
+                    .into(),
+            );
+            (TrainConfig::default(), None, "finetune".to_string())
+        }
+        None => {
+            let path = PathBuf::from(DEFAULT_CONFIG);
+            if path.exists() {
+                (TrainConfig::load(&path)?, Some(path.clone()), stem(&path))
+            } else {
+                say(format!(
+                    "{DEFAULT_CONFIG} not found: using the copy built into this program"
+                ));
+                (TrainConfig::default_run(), None, stem(&path))
+            }
+        }
     };
     req.overrides.apply(&mut config);
     if let Some(from) = &req.init_from {
         config.init_from = Some(from.clone());
     }
-    let name = req
-        .config
-        .file_stem()
-        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
     let out = req
         .out
         .clone()
@@ -109,7 +113,7 @@ fn start_new(
             let crop_to = req
                 .overrides
                 .block_size
-                .or(config_file_block_size(&req.config));
+                .or(file.as_deref().and_then(config_file_block_size));
             adopt_architecture(&req.overrides, &mut config, &meta.config, crop_to)
                 .map_err(anyhow::Error::msg)?;
             if config.block_size < meta.config.block_size {
@@ -140,9 +144,9 @@ fn start_new(
             aside.display()
         ));
     }
+    let source = file.map_or("built in".into(), |f| f.display().to_string());
     say(format!(
-        "configuration ({}):\n{}",
-        req.config.display(),
+        "configuration ({source}):\n{}",
         indent(&config.to_toml())
     ));
     let mut progress = progress_lines(say);
@@ -188,6 +192,12 @@ fn start_new(
 }
 
 /// The `block_size` the config file at `path` sets, if it sets one.
+/// A run's name from its config file's: `configs/tiny_cpu.toml` -> `tiny_cpu`.
+fn stem(path: &Path) -> String {
+    path.file_stem()
+        .map_or("run".into(), |s| s.to_string_lossy().into_owned())
+}
+
 fn config_file_block_size(path: &Path) -> Option<usize> {
     let table: toml::Table = std::fs::read_to_string(path).ok()?.parse().ok()?;
     let value = table.get("block_size")?.as_integer()?;

@@ -1,10 +1,12 @@
 //! Hugging Face GPT-2 folders (`config.json`, `model.safetensors`, `tokenizer.json`): read as a
 //! cinder model, so that every command taking a checkpoint takes one, and written by `export`.
 //!
-//! cinder's model is GPT-2's, so the parameters map one to one ([`slots`]). GPT-2's `Conv1D`
-//! stores its weight `[in, out]`, which is already the layout of Burn's `Linear`: nothing is
-//! transposed (nanoGPT's transpose is for PyTorch's `nn.Linear`). The head is tied to `wte` and
-//! absent from the file; the attention mask buffers (`attn.bias`, `attn.masked_bias`) are
+//! With GPT-2's options (learned positions, LayerNorm, no QK-norm or soft-cap) cinder's model is
+//! GPT-2's, so the parameters map one to one ([`slots`]). GPT-2's `Conv1D` stores its weight
+//! `[in, out]`, which is already the layout of Burn's `Linear`: nothing is transposed (nanoGPT's
+//! transpose is for PyTorch's `nn.Linear`). A tied head is `wte` (a `lm_head.weight` in the file
+//! is left unread); an untied one (`tie_word_embeddings: false`) is `lm_head.weight`. The
+//! attention mask buffers (`attn.bias`, `attn.masked_bias`) are
 //! ignored. Names may carry `GPT2LMHeadModel`'s `transformer.` prefix or not; `export` writes it.
 
 use std::collections::HashMap;
