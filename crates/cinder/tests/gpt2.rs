@@ -224,6 +224,17 @@ fn import_then_export_gives_the_same_tensor_values() {
     );
 }
 
+/// The run configuration of a model of this file's GPT-2 shape (nanoGPT's recipe otherwise).
+fn small_gpt2() -> cinder::config::TrainConfig {
+    cinder::config::TrainConfig {
+        n_layer: N_LAYER,
+        n_head: 4,
+        n_embd: N_EMBD,
+        block_size: N_POSITIONS,
+        ..cinder::config::TrainConfig::default()
+    }
+}
+
 /// A model with an option no GPT-2 folder can express is refused by that option's name, and
 /// nothing is written.
 #[test]
@@ -231,13 +242,7 @@ fn export_refuses_what_gpt2_cannot_express_by_name() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let device = common::backend().device;
-    let gpt2 = cinder::config::TrainConfig {
-        n_layer: N_LAYER,
-        n_head: 4,
-        n_embd: N_EMBD,
-        block_size: N_POSITIONS,
-        ..cinder::config::TrainConfig::default()
-    };
+    let gpt2 = small_gpt2();
     type Option = fn(&mut cinder::config::TrainConfig);
     let cases: [(Option, &str, &str); 5] = [
         (|c| c.activation = Activation::Relu2, "activation", "relu2"),
@@ -271,12 +276,8 @@ fn an_untied_head_exports_as_lm_head_and_imports_back() {
     let device = common::backend().device;
     device.seed(4);
     let config = cinder::config::TrainConfig {
-        n_layer: N_LAYER,
-        n_head: 4,
-        n_embd: N_EMBD,
-        block_size: N_POSITIONS,
         tie_embeddings: false,
-        ..cinder::config::TrainConfig::default()
+        ..small_gpt2()
     };
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
@@ -314,13 +315,9 @@ fn an_imported_model_gives_the_composite_models_logits() {
     let device = common::backend().device;
     device.seed(3);
     let config = cinder::config::TrainConfig {
-        n_layer: N_LAYER,
-        n_head: 4,
-        n_embd: N_EMBD,
-        block_size: N_POSITIONS,
         activation: Activation::GeluTanh,
         layer_norm_epsilon: 1e-2,
-        ..cinder::config::TrainConfig::default()
+        ..small_gpt2()
     };
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
