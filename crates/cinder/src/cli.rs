@@ -1,101 +1,7 @@
 //! Command-line pieces shared by the binaries: the config overrides of `train`.
 
-use cinder_model::{Activation, Norm, Position};
-
-use crate::config::{LrSchedule, OptimizerKind, TrainConfig, architecture};
-
-/// A config field set from the command line: its name and new value, as text.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Change {
-    pub field: &'static str,
-    pub value: String,
-}
-
-macro_rules! overrides {
-    ($($field:ident: $ty:ty, $help:literal;)*) => {
-        /// One optional flag per config field, named like nanoGPT's keys in kebab case.
-        /// A flag given wins over the config file, which wins over the built-in default.
-        #[derive(Debug, Default, Clone, clap::Args)]
-        #[command(next_help_heading = "Config overrides (flag > config file > built-in default: nanoGPT's recipe)")]
-        pub struct Overrides {
-            $(
-                #[arg(
-                    long,
-                    value_name = stringify!($ty),
-                    help = with_default($help, &TrainConfig::default().$field),
-                )]
-                pub $field: Option<$ty>,
-            )*
-        }
-
-        /// Every field with a flag, and its built-in default as its help shows it.
-        pub fn flag_defaults() -> Vec<(&'static str, String)> {
-            let d = TrainConfig::default();
-            vec![$((stringify!($field), d.$field.to_string()),)*]
-        }
-
-        impl Overrides {
-            /// Sets every field given on the command line; returns what was set.
-            pub fn apply(&self, c: &mut TrainConfig) -> Vec<Change> {
-                let mut changes = Vec::new();
-                $(
-                    if let Some(v) = &self.$field {
-                        c.$field = v.clone();
-                        changes.push(Change { field: stringify!($field), value: v.to_string() });
-                    }
-                )*
-                changes
-            }
-        }
-    };
-}
-
-overrides! {
-    max_iters: u64, "Optimiser steps in total";
-    batch_size: usize, "Windows per micro-batch";
-    block_size: usize, "Context length in tokens";
-    n_layer: usize, "Transformer blocks";
-    n_head: usize, "Attention heads per block; must divide n_embd";
-    n_embd: usize, "Embedding width";
-    dropout: f64, "Dropout probability while training, in [0, 1)";
-    bias: bool, "Biases in linear layers and LayerNorms";
-    activation: Activation, "The MLP's activation: gelu, gelu_tanh (GPT-2's weights') or relu2 (max(0, x)²)";
-    position: Position, "Positions: learned (an embedding per position) or rope (rotary embeddings on queries and keys)";
-    norm: Norm, "layernorm, or rmsnorm (no gain; also after the embedding)";
-    qk_norm: bool, "RMS-normalise each head's queries and keys";
-    logit_softcap: f64, "Soft-cap the logits at this (c·tanh(logits/c)); 0 disables";
-    tie_embeddings: bool, "The head is the token embedding (false: a matrix of its own)";
-    zero_init: bool, "Residual output projections and an untied head start at zero";
-    learning_rate: f64, "Peak learning rate";
-    min_lr: f64, "Learning rate at the end of the decay";
-    warmup_iters: u64, "Linear warm-up steps";
-    lr_decay_iters: u64, "Step at which the decay reaches min_lr";
-    weight_decay: f64, "Decoupled weight decay on matrices (AdamW's; with muon, Muon's, and AdamW's parameters get none)";
-    beta1: f64, "AdamW beta1 (with muon, AdamW uses 0.8)";
-    beta2: f64, "AdamW beta2 (with muon, AdamW uses 0.95)";
-    grad_clip: f64, "Clip the global gradient norm to this; 0 disables";
-    gradient_accumulation_steps: usize, "Micro-batches per optimiser step";
-    lr_schedule: LrSchedule, "After the warm-up: cosine decay, or trapezoid (the peak held, then a linear cool-down)";
-    cooldown_fraction: f64, "With trapezoid: the last fraction of lr_decay_iters spent cooling down to min_lr";
-    optimizer: OptimizerKind, "adamw, or muon (Muon on the blocks' matrices, AdamW on the rest)";
-    muon_lr: f64, "Muon's peak learning rate";
-    muon_momentum: f64, "Muon's momentum";
-    embedding_lr: f64, "With muon: the embeddings' peak learning rate";
-    head_lr: f64, "With muon and an untied head: the head's peak learning rate";
-    eval_interval: u64, "Evaluate every this many steps";
-    eval_iters: usize, "Batches averaged per evaluation";
-    log_interval: u64, "Log the training loss every this many steps";
-    checkpoint_interval: u64, "Write latest/ every this many steps";
-    train_fraction: f64, "Leading fraction of the text used for training";
-    seed: u64, "Seed of the weights, batches and dropout";
-    tokenizer: String, "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json";
-    vocab_size: usize, "Tokens of the BPE that --tokenizer bpe trains (0: its default size), or the model's vocabulary padded beyond a tokenizer.json's (0: the file's)";
-}
-
-/// `help`, and the built-in default `value` of its field.
-fn with_default(help: &str, value: &impl std::fmt::Display) -> String {
-    format!("{help} [default: {value}]")
-}
+pub use crate::config::{Change, Overrides, flag_defaults};
+use crate::config::{TrainConfig, architecture};
 
 /// Fields a resumed run may change; the others come from the checkpoint.
 pub const RESUMABLE_FIELDS: &[&str] = &[
@@ -104,6 +10,7 @@ pub const RESUMABLE_FIELDS: &[&str] = &[
     "eval_iters",
     "log_interval",
     "checkpoint_interval",
+    "sample_tokens",
 ];
 
 /// Applies `overrides` to a checkpoint's `config` for a resumed run. Fields that may change are
@@ -220,7 +127,7 @@ mod tests {
     fn help_shows_the_built_in_defaults() {
         let help = Flags::command().render_help().to_string();
         let defaults = flag_defaults();
-        assert_eq!(defaults.len(), 39, "every override has a flag");
+        assert_eq!(defaults.len(), 41, "every field but init_from has a flag");
         for (field, value) in defaults {
             let flag = format!("--{}", field.replace('_', "-"));
             // clap wraps long help: the flag's entry runs to the next flag.

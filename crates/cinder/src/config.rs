@@ -27,77 +27,117 @@ pub enum ConfigError {
     Model(#[from] cinder_model::ConfigError),
 }
 
-/// Everything a training run needs besides its data. Field names follow nanoGPT.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
-    // Model.
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    pub block_size: usize,
-    pub dropout: f64,
-    pub bias: bool,
-    /// `gelu` (exact), `gelu_tanh` (GPT-2's released weights) or `relu2`.
-    pub activation: Activation,
-    pub layer_norm_epsilon: f64,
-    /// `learned` (GPT-2's) or `rope` ([`Position`]).
-    pub position: Position,
-    /// `layernorm` (GPT-2's) or `rmsnorm` ([`Norm`]).
-    pub norm: Norm,
-    /// RMS-normalise each head's queries and keys.
-    pub qk_norm: bool,
-    /// `c · tanh(logits / c)`; 0 is off.
-    pub logit_softcap: f64,
-    /// The head is the token embedding (GPT-2's), or a matrix of its own.
-    pub tie_embeddings: bool,
-    /// Residual output projections (and an untied head) start at zero.
-    pub zero_init: bool,
+/// Declares [`TrainConfig`] and the flags that override it ([`Overrides`]) from one list: each
+/// field once, with its type and the line that documents it and that `--help` shows beside its
+/// built-in default. (`init_from` is the one field without a flag of this kind: `--init-from`.)
+macro_rules! run_config {
+    ($($field:ident: $ty:ty, $help:literal;)*) => {
+        /// Everything a training run needs besides its data. Field names follow nanoGPT.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct TrainConfig {
+            $( #[doc = $help] pub $field: $ty, )*
+            /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
+            /// architecture and vocabulary are then the checkpoint's ([`architecture`]).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub init_from: Option<PathBuf>,
+        }
+
+        /// One optional flag per config field, named like nanoGPT's keys in kebab case.
+        /// A flag given wins over the config file, which wins over the built-in default.
+        #[derive(Debug, Default, Clone, clap::Args)]
+        #[command(next_help_heading = "Config overrides (flag > config file > built-in default: nanoGPT's recipe)")]
+        pub struct Overrides {
+            $(
+                #[arg(
+                    long,
+                    value_name = stringify!($ty),
+                    help = with_default($help, &TrainConfig::default().$field),
+                )]
+                pub $field: Option<$ty>,
+            )*
+        }
+
+        /// Every field with a flag, and its built-in default as its help shows it.
+        pub fn flag_defaults() -> Vec<(&'static str, String)> {
+            let d = TrainConfig::default();
+            vec![$((stringify!($field), d.$field.to_string()),)*]
+        }
+
+        impl Overrides {
+            /// Sets every field given on the command line; returns what was set.
+            pub fn apply(&self, c: &mut TrainConfig) -> Vec<Change> {
+                let mut changes = Vec::new();
+                $(
+                    if let Some(v) = &self.$field {
+                        c.$field = v.clone();
+                        changes.push(Change { field: stringify!($field), value: v.to_string() });
+                    }
+                )*
+                changes
+            }
+        }
+    };
+}
+
+run_config! {
+    // Model: the fields of [`GptConfig`] but `vocab_size`, whose defaults are its.
+    n_layer: usize, "Transformer blocks";
+    n_head: usize, "Attention heads per block; must divide n_embd";
+    n_embd: usize, "Width of the residual stream (embedding size)";
+    block_size: usize, "Context length in tokens";
+    dropout: f64, "Dropout probability while training, in [0, 1)";
+    bias: bool, "Biases in linear layers and LayerNorms";
+    activation: Activation, "The MLP's activation: gelu, gelu_tanh (GPT-2's weights') or relu2 (max(0, x)²)";
+    layer_norm_epsilon: f64, "The epsilon of every LayerNorm or RMSNorm";
+    position: Position, "Positions: learned (an embedding per position) or rope (rotary embeddings on queries and keys)";
+    norm: Norm, "layernorm, or rmsnorm (no gain; also after the embedding)";
+    qk_norm: bool, "RMS-normalise each head's queries and keys";
+    logit_softcap: f64, "Soft-cap the logits at this (c·tanh(logits/c)); 0 disables";
+    tie_embeddings: bool, "The head is the token embedding (false: a matrix of its own)";
+    zero_init: bool, "Residual output projections and an untied head start at zero";
     // Optimisation.
-    pub batch_size: usize,
-    pub max_iters: u64,
-    pub learning_rate: f64,
-    pub min_lr: f64,
-    pub warmup_iters: u64,
-    pub lr_decay_iters: u64,
-    pub weight_decay: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub grad_clip: f64,
-    pub gradient_accumulation_steps: usize,
-    /// `cosine` (nanoGPT's) or `trapezoid` ([`LrSchedule`]).
-    pub lr_schedule: LrSchedule,
-    /// With `trapezoid`: the fraction of `lr_decay_iters`, at its end, over which the rate falls
-    /// linearly to `min_lr`.
-    pub cooldown_fraction: f64,
-    /// `adamw` (nanoGPT's) or `muon` ([`OptimizerKind`]).
-    pub optimizer: OptimizerKind,
-    /// Muon's peak learning rate, for the matrices inside the blocks.
-    pub muon_lr: f64,
-    /// Muon's momentum β.
-    pub muon_momentum: f64,
-    /// With Muon: the embeddings' peak learning rate (AdamW).
-    pub embedding_lr: f64,
-    /// With Muon and an untied head: the head's peak learning rate (AdamW).
-    pub head_lr: f64,
+    batch_size: usize, "Windows per micro-batch";
+    max_iters: u64, "Optimiser steps in total";
+    learning_rate: f64, "Peak learning rate (with muon: of the gains and biases)";
+    min_lr: f64, "Learning rate at the end of the decay (each group falls to min_lr / learning_rate of its own peak)";
+    warmup_iters: u64, "Linear warm-up steps";
+    lr_decay_iters: u64, "Step at which the decay reaches min_lr";
+    weight_decay: f64, "Decoupled weight decay on matrices (AdamW's; with muon, Muon's, and AdamW's parameters get none)";
+    beta1: f64, "AdamW beta1 (with muon, AdamW uses 0.8)";
+    beta2: f64, "AdamW beta2 (with muon, AdamW uses 0.95)";
+    grad_clip: f64, "Clip the global gradient norm to this; 0 disables";
+    gradient_accumulation_steps: usize, "Micro-batches per optimiser step";
+    lr_schedule: LrSchedule, "After the warm-up: cosine decay, or trapezoid (the peak held, then a linear cool-down)";
+    cooldown_fraction: f64, "With trapezoid: the last fraction of lr_decay_iters spent cooling down to min_lr";
+    optimizer: OptimizerKind, "adamw, or muon (Muon on the blocks' matrices, AdamW on the rest)";
+    muon_lr: f64, "Muon's peak learning rate";
+    muon_momentum: f64, "Muon's momentum";
+    embedding_lr: f64, "With muon: the embeddings' (and a tied head's) peak learning rate";
+    head_lr: f64, "With muon and an untied head: the head's peak learning rate";
     // Evaluation, logging, checkpoints.
-    pub eval_interval: u64,
-    pub eval_iters: usize,
-    pub log_interval: u64,
-    pub checkpoint_interval: u64,
+    eval_interval: u64, "Evaluate every this many steps (and at the end)";
+    eval_iters: usize, "Batches averaged per evaluation";
+    log_interval: u64, "Log the training loss every this many steps";
+    checkpoint_interval: u64, "Write latest/ every this many steps";
+    sample_tokens: usize, "Tokens sampled into samples.jsonl at each evaluation (generate's default prompt, temperature and top-k, the run's seed); 0 disables";
     // Data.
-    pub train_fraction: f64,
-    pub seed: u64,
-    /// `char`, `bpe` (trained on the training text) or the path of a `tokenizer.json`.
-    pub tokenizer: String,
-    /// With `bpe`, the tokens of the BPE trained; 0 for the default ([`DEFAULT_BPE_VOCAB`]).
-    /// With a tokenizer.json, the model's vocabulary when it is padded beyond the tokenizer's
-    /// (nanoGPT pads GPT-2's 50,257 tokens to 50,304); 0 for the tokenizer's own.
-    pub vocab_size: usize,
-    /// A checkpoint (or run folder) whose weights a new run starts from: fine-tuning. The
-    /// architecture and vocabulary are then the checkpoint's ([`architecture`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub init_from: Option<PathBuf>,
+    train_fraction: f64, "Leading fraction of the text used for training";
+    seed: u64, "Seed of the weights, batches and dropout";
+    tokenizer: String, "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json";
+    vocab_size: usize, "Tokens of the BPE that --tokenizer bpe trains (0: its default size), or the model's vocabulary padded beyond a tokenizer.json's (0: the file's)";
+}
+
+/// A config field set from the command line: its name and new value, as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub field: &'static str,
+    pub value: String,
+}
+
+/// `help`, and the built-in default `value` of its field.
+fn with_default(help: &str, value: &impl std::fmt::Display) -> String {
+    format!("{help} [default: {value}]")
 }
 
 /// The fields that make the model's shape and its vocabulary: a checkpoint's weights fit only a
@@ -214,6 +254,7 @@ impl Default for TrainConfig {
             eval_iters: 200,
             log_interval: 10,
             checkpoint_interval: 250,
+            sample_tokens: 200,
             train_fraction: 0.9,
             seed: 1337,
             tokenizer: "char".into(),

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use assert_cmd::Command;
 use cinder::run::metrics;
+use cinder::storage::names;
 use common::{corpus_in, tiny_flags_with};
 
 fn train(dir: &Path, flags: &[(&str, &str)]) -> Command {
@@ -148,4 +149,55 @@ fn evaluate_prefers_the_text_a_model_overfit() {
         "{bits} vs {train_loss}"
     );
     assert!((perplexity - train_loss.exp()).abs() < 1e-2 * perplexity);
+}
+
+#[test]
+fn each_evaluation_samples_what_generate_writes_and_the_losses_do_not_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let flags = [
+        ("--max-iters", "6"),
+        ("--eval-interval", "3"),
+        ("--sample-tokens", "40"),
+        ("--seed", "7"),
+    ];
+    train(dir.path(), &flags).assert().success();
+    let samples = cinder::run::samples::read(&run.join(names::SAMPLES)).unwrap();
+    let iters: Vec<u64> = samples.iter().map(|s| s.iter).collect();
+    assert_eq!(iters, [3, 6], "one sample per evaluation");
+    assert_ne!(
+        samples[0].text, samples[1].text,
+        "the model learned meanwhile"
+    );
+
+    // The last sample is what `generate` writes with the run's seed from the last checkpoint
+    // (taken at the same iteration), after its default prompt, a new line.
+    let generated = common::stdout_of(
+        Command::cargo_bin("generate")
+            .unwrap()
+            .arg("--checkpoint")
+            .arg(run.join("latest"))
+            .args(["--seed", "7", "--max-new-tokens", "40", "--quiet"]),
+    );
+    let generated = generated.strip_suffix('\n').unwrap(); // `generate` ends with a new line
+    assert_eq!(samples[1].text, format!("\n{generated}"));
+
+    // Without samples, the same losses.
+    let losses = |run: &Path| -> Vec<(u64, f32, Option<f32>)> {
+        metrics::read(&run.join(names::METRICS))
+            .unwrap()
+            .iter()
+            .map(|r| (r.iter, r.train_loss, r.val_loss))
+            .collect()
+    };
+    let with = losses(&run);
+    let mut off = flags.to_vec();
+    off[2].1 = "0";
+    train(dir.path(), &off)
+        .arg("--overwrite")
+        .assert()
+        .success();
+    assert_eq!(losses(&run), with);
+    let samples = cinder::run::samples::read(&run.join(names::SAMPLES)).unwrap();
+    assert!(samples.is_empty(), "--sample-tokens 0 writes none");
 }

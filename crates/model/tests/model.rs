@@ -10,13 +10,22 @@ fn device() -> Device {
     Device::flex()
 }
 
+/// `f` run right after seeding the device's generator with `seed`, while no other test of this
+/// file uses it: the generator is the device's, shared by the tests running in parallel, so
+/// every draw of this file goes through here.
+fn seeded<R>(device: &Device, seed: u64, f: impl FnOnce() -> R) -> R {
+    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _only_us = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    device.seed(seed);
+    f()
+}
+
 fn tiny(device: &Device) -> (GptConfig, Gpt) {
-    device.seed(42);
     let config = GptConfig::new(11, 8)
         .with_n_layer(2)
         .with_n_head(2)
         .with_n_embd(16);
-    let model = config.init(device).unwrap();
+    let model = seeded(device, 42, || config.init(device).unwrap());
     (config, model)
 }
 
@@ -24,7 +33,6 @@ fn tiny(device: &Device) -> (GptConfig, Gpt) {
 /// RMSNorm, QK-norm, ReLU², an untied head and a soft-cap (random initialisation, so that every
 /// part matters).
 fn modern(device: &Device) -> (GptConfig, Gpt) {
-    device.seed(43);
     let config = tiny(device)
         .0
         .with_position(Position::Rope)
@@ -33,7 +41,7 @@ fn modern(device: &Device) -> (GptConfig, Gpt) {
         .with_activation(Activation::Relu2)
         .with_tie_embeddings(false)
         .with_logit_softcap(3.0);
-    let model = config.init(device).unwrap();
+    let model = seeded(device, 43, || config.init(device).unwrap());
     (config, model)
 }
 
@@ -121,7 +129,9 @@ fn attention_agrees_with_naive_per_head_loop() {
     let device = device();
     let (_, model) = tiny(&device);
     let attn = &model.blocks[0].attn;
-    let x = Tensor::<3>::random([3, 8, 16], Distribution::Normal(0.0, 1.0), &device);
+    let x = seeded(&device, 1, || {
+        Tensor::<3>::random([3, 8, 16], Distribution::Normal(0.0, 1.0), &device)
+    });
     let fast = to_vec(attn.forward(x.clone()));
     let slow = naive_attention(attn, &x);
     let diff = max_abs_diff(&fast, &slow);
@@ -156,7 +166,9 @@ fn head_is_the_token_embedding() {
     let w = changed.wte.weight.val();
     let bump = Tensor::<2>::zeros([11, 16], &device).slice_assign(
         s![9..10, ..],
-        Tensor::random([1, 16], Distribution::Normal(0.0, 1.0), &device),
+        seeded(&device, 2, || {
+            Tensor::random([1, 16], Distribution::Normal(0.0, 1.0), &device)
+        }),
     );
     changed.wte.weight = Param::initialized(changed.wte.weight.id, w + bump);
     let after = changed.forward(input);
@@ -296,7 +308,9 @@ fn the_speedrun_options_build_what_they_say_and_both_paths_agree() {
         "crops without a position table"
     );
 
-    let zero = config.clone().with_zero_init(true).init(&device).unwrap();
+    let zero = seeded(&device, 3, || {
+        config.clone().with_zero_init(true).init(&device).unwrap()
+    });
     let all_zero = |t: Tensor<2>| to_vec(t).iter().all(|&v| v == 0.0);
     assert!(all_zero(zero.lm_head.as_ref().unwrap().val()));
     for b in &zero.blocks {
@@ -338,7 +352,7 @@ fn weights_are_drawn_when_the_model_is_built() {
     let built = |reseed_after: Option<u64>| {
         let (_, model) = tiny(&device);
         if let Some(seed) = reseed_after {
-            device.seed(seed);
+            seeded(&device, seed, || ());
         }
         let mut all = Vec::new();
         struct Collect<'a>(&'a mut Vec<f32>);

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use cinder::cli::{OpsArg, exit_on_error};
 use cinder::device::{Backend, DeviceChoice};
 use cinder::sampling::generate::{GenerateOptions, generate};
-use cinder::sampling::{DEFAULT_TEMPERATURE, SamplingParams};
+use cinder::sampling::{DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams};
 use cinder::storage::checkpoint;
 use cinder::storage::names::{BEST, LATEST};
 use cinder_data::{TextStream, Tokenizer};
@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
     /// Text to continue
-    #[arg(long, default_value = "\n", conflicts_with = "prompt_file")]
+    #[arg(long, default_value = DEFAULT_PROMPT, conflicts_with = "prompt_file")]
     prompt: String,
     /// Read the text to continue from this file
     #[arg(long, value_name = "FILE")]
@@ -40,7 +40,7 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_TEMPERATURE, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample only among the k most likely tokens
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = DEFAULT_TOP_K)]
     top_k: usize,
     /// Sample only among the most likely tokens whose probabilities reach p, in (0, 1]
     #[arg(long, allow_negative_numbers = true)]

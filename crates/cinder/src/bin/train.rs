@@ -11,6 +11,7 @@ use cinder::device::{Backend, DeviceChoice};
 use cinder::run::metrics::{self, MetricsLog};
 use cinder::run::plot::LossPlot;
 use cinder::run::progress::{ConsoleObserver, Verbosity};
+use cinder::run::samples::SampleLog;
 use cinder::run::start::{self, StartRequest};
 use cinder::run::trainer::Outcome;
 use cinder::storage::names::{self, BEST, LATEST};
@@ -157,10 +158,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             c.block_size
         ),
     };
-    let mut observer = (console, (metrics, plot));
+    let samples = SampleLog::open(&out, trainer.iter())?;
+    let mut observer = (console, (metrics, (plot, samples)));
     let start_iter = trainer.iter();
     let outcome = trainer.run(&mut observer, &stop);
-    let (console, (metrics, plot)) = observer;
+    let (console, (metrics, (plot, samples))) = observer;
     console.finish();
     let outcome = outcome.context("training failed")?;
     match outcome {
@@ -183,11 +185,12 @@ fn run(args: Args) -> anyhow::Result<()> {
                 iters as usize * trainer.config().tokens_per_iter(),
             );
             println!(
-                "checkpoints: {} and {}; metrics: {}; loss curve: {}",
+                "checkpoints: {} and {}; metrics: {}; loss curve: {}; samples: {}",
                 out.join(BEST).display(),
                 out.join(LATEST).display(),
                 metrics.path().display(),
-                plot.png.display()
+                plot.png.display(),
+                samples.path().display()
             );
         }
     }

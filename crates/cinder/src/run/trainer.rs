@@ -12,9 +12,9 @@ use cinder_model::{DropoutKey, Gpt, Ops};
 use crate::config::TrainConfig;
 use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
-use crate::run::eval;
 use crate::run::optim::Optim;
 use crate::run::schedule::learning_rate;
+use crate::run::{eval, samples};
 use crate::storage::checkpoint::{self, CheckpointError, Meta};
 use crate::storage::faults;
 use crate::storage::names::{BEST, LATEST};
@@ -110,6 +110,8 @@ pub struct EvalReport {
     pub val_loss: f32,
     /// Whether this is the best validation loss so far.
     pub improved: bool,
+    /// What the model writes now (`sample_tokens` of it; none when that is 0).
+    pub sample: Option<String>,
 }
 
 /// How a call to [`Trainer::run`] ended.
@@ -412,8 +414,8 @@ impl Trainer {
         }
     }
 
-    /// Mean loss on both splits over `eval_iters` batches, in inference mode; `None` if `stop`
-    /// was set meanwhile.
+    /// Mean loss on both splits over `eval_iters` batches, in inference mode, and a sample of
+    /// the model's text ([`samples::sample`]); `None` if `stop` was set meanwhile.
     pub fn evaluate(&self, observer: &mut dyn Observer, stop: &AtomicBool) -> Option<EvalReport> {
         let c = self.config.clone();
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
@@ -438,11 +440,21 @@ impl Trainer {
         };
         let train_loss = loss(Split::Train)?;
         let val_loss = loss(Split::Val)?;
+        let sample = (c.sample_tokens > 0).then(|| {
+            samples::sample(
+                &model,
+                &self.tokenizer,
+                c.sample_tokens,
+                c.seed,
+                &self.backend.device,
+            )
+        });
         Some(EvalReport {
             iter: self.iter,
             train_loss,
             val_loss,
             improved: self.best_val_loss.is_none_or(|best| val_loss < best),
+            sample,
         })
     }
 

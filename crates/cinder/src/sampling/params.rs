@@ -6,6 +6,9 @@ use rand::Rng;
 /// `generate`'s temperature unless told otherwise.
 pub const DEFAULT_TEMPERATURE: f32 = 0.8;
 
+/// `generate`'s top-k unless told otherwise (nanoGPT's `sample.py`'s).
+pub const DEFAULT_TOP_K: usize = 200;
+
 /// How to pick each next token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {

@@ -1,9 +1,9 @@
 //! The name of everything cinder writes into a run folder and a checkpoint folder, and of the
 //! siblings its atomic writes and `--overwrite` use: the one place these names are spelled.
 //!
-//! A run folder holds [`LATEST`] and [`BEST`] (checkpoint folders), [`METRICS`], [`CONFIG`],
-//! [`PLOT`], [`LOCK`] and, for a run that prepares its own token files, [`PREPARED`]. A
-//! checkpoint folder holds [`META`], [`MODEL`], [`OPTIMIZER`] and, for a BPE model,
+//! A run folder holds [`LATEST`] and [`BEST`] (checkpoint folders), [`METRICS`], [`SAMPLES`],
+//! [`CONFIG`], [`PLOT`], [`LOCK`] and, for a run that prepares its own token files,
+//! [`PREPARED`]. A checkpoint folder holds [`META`], [`MODEL`], [`OPTIMIZER`] and, for a BPE model,
 //! `tokenizer.json` (`cinder_data::tokenizer::TOKENIZER_JSON`).
 
 use std::path::{Path, PathBuf};
@@ -16,6 +16,8 @@ pub const BEST: &str = "best";
 pub const METRICS: &str = "metrics.csv";
 /// The run's resolved configuration, written when it starts.
 pub const CONFIG: &str = "config.toml";
+/// A short text sampled at each evaluation, a JSON object a line (`crate::run::samples`).
+pub const SAMPLES: &str = "samples.jsonl";
 /// The loss curve, redrawn at each evaluation.
 pub const PLOT: &str = "loss.png";
 /// The lock file that keeps a second trainer out (`crate::run::folder`).
@@ -54,7 +56,7 @@ pub fn free_aside(dir: &Path) -> PathBuf {
 /// `--overwrite` moves aside.
 pub fn run_entries() -> Vec<String> {
     let mut names = Vec::new();
-    for name in [LATEST, BEST, METRICS] {
+    for name in [LATEST, BEST, METRICS, SAMPLES] {
         names.push(name.to_string());
         for sibling in [tmp, old] {
             names.push(file_name(&sibling(Path::new(name)), name));
