@@ -4,7 +4,9 @@
 #   git worktree add ../base <commit> && (cd ../base && CARGO_TARGET_DIR=../target-base cargo build --release)
 #   scripts/ab_bench.sh ../target-base/release WHAT [ROUNDS]
 # WHAT: tiny | gpt6 | dropout | sample | sample6 | evaluate. Needs: cargo build --release.
-# Both builds take the same flags.
+# Both builds take the same flags. For a base build that cannot read this checkout's configs/,
+# AB_CONFIG=FILE gives both `--config FILE`, and AB_CHAR_CONFIG=FILE replaces dropout's
+# configs/shakespeare_char.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$1; what=$2; rounds=${3:-3}
@@ -12,12 +14,13 @@ gpt6=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 12)
 case $what in
   tiny) args=(train --steps 50) ;;
   gpt6) args=("${gpt6[@]}" train --steps 5 --warmup-steps 1) ;;
-  dropout) args=(--config configs/shakespeare_char.toml --batch-size 12 train --steps 3 --warmup-steps 1) ;;
+  dropout) args=(--config "${AB_CHAR_CONFIG:-configs/shakespeare_char.toml}" --batch-size 12 train --steps 3 --warmup-steps 1) ;;
   sample) args=(sample --tokens 500) ;;
   sample6) args=("${gpt6[@]:0:8}" sample --tokens 500) ;;
   evaluate) args=() ;;
   *) echo "usage: $0 BASE_BIN_DIR tiny|gpt6|dropout|sample|sample6|evaluate [ROUNDS]" >&2; exit 2 ;;
 esac
+if [ -n "${AB_CONFIG:-}" ] && [ "$what" != dropout ]; then args=(--config "$AB_CONFIG" "${args[@]}"); fi
 echo "# $(date -u +%FT%TZ) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $what"
 log=$(mktemp)
 if [ "$what" = evaluate ]; then

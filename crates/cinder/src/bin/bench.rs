@@ -20,10 +20,10 @@ use clap::{Parser, Subcommand};
 #[command(version, about)]
 struct Args {
     /// Run configuration (TOML)
-    #[arg(long, default_value = "configs/tiny_cpu.toml")]
+    #[arg(long, default_value = cinder::run::start::DEFAULT_CONFIG)]
     config: PathBuf,
     /// Text to draw batches from
-    #[arg(long, default_value = "data/tinyshakespeare.txt")]
+    #[arg(long, default_value = cinder::run::start::DEFAULT_DATA)]
     data: PathBuf,
     /// Where to run
     #[arg(long, value_enum, default_value_t)]

@@ -7,6 +7,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use crate::run::metrics::Row;
+use crate::storage::names;
 
 /// The font travels inside the binary: no system font is needed on a bare machine.
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
@@ -40,7 +41,7 @@ pub(crate) fn register_font() {
 pub fn draw(rows: &[Row], title: &str, path: &Path) -> Result<(), PlotError> {
     register_font();
     let err = |e: &dyn std::fmt::Display| PlotError::new(path, e);
-    let tmp = path.with_extension("png.tmp.png");
+    let tmp = names::tmp_png(path);
     {
         let root = BitMapBackend::new(&tmp, (900, 560)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;

@@ -37,6 +37,12 @@ pub fn tmp(path: &Path) -> PathBuf {
     hidden_sibling(path, "tmp")
 }
 
+/// `.<name>.tmp.png` beside the picture `path`: [`tmp`] for a PNG, whose encoder is chosen by
+/// the extension.
+pub fn tmp_png(path: &Path) -> PathBuf {
+    hidden_sibling(path, "tmp.png")
+}
+
 /// `.<name>.old` beside `path`: where a checkpoint write keeps the previous one meanwhile.
 pub fn old(path: &Path) -> PathBuf {
     hidden_sibling(path, "old")
@@ -62,6 +68,7 @@ pub fn run_entries() -> Vec<String> {
             names.push(file_name(&sibling(Path::new(name)), name));
         }
     }
+    names.push(file_name(&tmp_png(Path::new(PLOT)), PLOT));
     names.extend([CONFIG, PLOT, PREPARED].map(String::from));
     names
 }

@@ -2,7 +2,7 @@
 //! hand-written kernel from `cinder-kernels` and carrying its own backward pass (Burn's backend
 //! extension). [`Layers`] is implemented twice: for `Flex` (the forward alone: inference) and for
 //! `Autodiff<Flex>` (the forward, and a `Backward` step of Burn's graph that calls the kernel's
-//! backward). The kernels themselves are in [`kernels`].
+//! backward). The kernels themselves are in [`kernels`], over the buffers of [`buffers`].
 //!
 //! Every operation treats its input as rows of its last dimension (`[B, T, C]` as `[B*T, C]`),
 //! and the output keeps the input's leading dimensions. An optional input (a bias, a residual)
@@ -20,7 +20,9 @@ use cinder_kernels::{gelu, loss, muon, rotary};
 
 use crate::Activation;
 
+mod buffers;
 mod kernels;
+use buffers::*;
 use kernels::*;
 
 /// The layers that have a fused version, for training (and inference) on Flex.
