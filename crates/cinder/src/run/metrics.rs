@@ -1,11 +1,12 @@
 //! The run's metrics file, `metrics.csv`: one row per logged iteration, appended to on resume.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::run::trainer::{EvalReport, Observer, StepReport};
-use crate::storage::names::{self, METRICS};
+use crate::storage::names::METRICS;
+use crate::storage::records;
 
 const HEADER: &str = "iter,train_loss,val_loss,eval_train_loss,lr,tokens_per_s,elapsed_s";
 
@@ -146,8 +147,6 @@ impl MetricsLog {
             .filter(|r| r.iter <= iter)
             .collect();
         let offset_s = kept.last().map_or(0.0, |r| r.elapsed_s);
-        // Rewrite the kept rows atomically, then append.
-        let tmp = names::tmp(&path);
         let mut text = format!("{HEADER}\n");
         for r in &kept {
             text.push_str(&r.to_csv());
@@ -157,12 +156,7 @@ impl MetricsLog {
             path: path.clone(),
             source,
         };
-        fs::write(&tmp, text).map_err(write_err)?;
-        fs::rename(&tmp, &path).map_err(write_err)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(write_err)?;
+        let file = records::rewrite_for_appending(&path, &text).map_err(write_err)?;
         Ok(Self {
             path,
             file,

@@ -4,7 +4,7 @@
 //! The text comes from the same sampler as `generate` (its default prompt and temperature, the
 //! run's seed), after the evaluation, on its own random stream: the run's losses do not change.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,8 @@ use crate::run::eval;
 use crate::run::trainer::{EvalReport, Observer, StepReport};
 use crate::sampling::generate::{GenerateOptions, generate};
 use crate::sampling::{DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams};
-use crate::storage::names::{self, SAMPLES};
+use crate::storage::names::SAMPLES;
+use crate::storage::records;
 
 /// One line of `samples.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,15 +131,8 @@ impl SampleLog {
             path: path.clone(),
             source,
         };
-        // Rewrite the kept samples atomically, then append.
-        let tmp = names::tmp(&path);
         let text: String = kept.iter().map(line).collect();
-        fs::write(&tmp, text).map_err(write_err)?;
-        fs::rename(&tmp, &path).map_err(write_err)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(write_err)?;
+        let file = records::rewrite_for_appending(&path, &text).map_err(write_err)?;
         Ok(Self { path, file })
     }
 
