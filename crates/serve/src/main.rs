@@ -1,0 +1,159 @@
+//! `serve`: cinder's models behind an OpenAI-compatible completions API.
+//!
+//! - [`models`]: which models are offered, under which ids, and loading them;
+//! - [`engine`]: the generation worker and its queue;
+//! - [`api`]: OpenAI's request, response and error objects;
+//! - [`routes`]: the HTTP side.
+
+mod api;
+mod engine;
+mod models;
+mod routes;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use cinder::cli::{OpsArg, exit_on_error};
+use cinder::device::{Backend, DeviceChoice};
+use cinder::run::start::RUNS;
+use clap::Parser;
+
+/// Serve models over HTTP with OpenAI's completions API (POST /v1/completions, GET /v1/models,
+/// GET /health), so that OpenAI's clients work unchanged.
+///
+/// It offers every run folder under --runs (its best/ checkpoint, else latest/), with the run's
+/// path under --runs as its id, and every folder named with --checkpoint, with the folder's name
+/// as its id. Models load on first use. One request generates at a time; the others wait in a
+/// queue. Ctrl-C stops: open completions end at once with finish_reason "length".
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Args {
+    /// Folder of run folders to serve [default: checkpoints]
+    #[arg(long, value_name = "DIR")]
+    runs: Option<PathBuf>,
+    /// A checkpoint, run folder or Hugging Face GPT-2 folder to serve too (repeatable)
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Vec<PathBuf>,
+    /// Address to listen on (loopback: only this machine)
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0: any free one)
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require this key on /v1/ requests (`Authorization: Bearer <key>`)
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Models kept loaded at once; the least recently used is unloaded first
+    #[arg(long, default_value_t = 2)]
+    max_loaded: usize,
+    /// Requests that may wait while one generates; more are refused (429)
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// The most max_tokens a request may ask for
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: usize,
+    /// The most choices (n) a request may ask for per prompt
+    #[arg(long, default_value_t = 8)]
+    max_n: usize,
+    /// Where to run
+    #[arg(long, value_enum, default_value_t)]
+    device: DeviceChoice,
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
+    #[arg(long, value_enum, default_value_t)]
+    ops: OpsArg,
+}
+
+fn main() {
+    exit_on_error(run(Args::parse()));
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    if args.max_tokens == 0 || args.max_n == 0 || args.max_loaded == 0 {
+        anyhow::bail!("--max-tokens, --max-n and --max-loaded must be at least 1");
+    }
+    let backend = Backend::select(args.device)?;
+    let runs = args.runs.clone().unwrap_or_else(|| PathBuf::from(RUNS));
+    let paths = models::discover(&runs, args.runs.is_some(), &args.checkpoint)?;
+    let models = models::Models::new(
+        paths.clone(),
+        args.max_loaded,
+        backend.device.clone(),
+        args.ops.into(),
+    );
+    let loaded = models.loaded_ids.clone();
+    let queue = engine::Queue::start(models, args.queue);
+    let load = queue.load.clone();
+    let app = routes::App {
+        queue,
+        models: Arc::new(paths),
+        loaded,
+        limits: api::Limits {
+            max_tokens: args.max_tokens,
+            max_n: args.max_n,
+            max_prompts: 16,
+        },
+        api_key: args.api_key.as_deref().map(Arc::from),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        next_id: Arc::new(AtomicU64::new(1)),
+    };
+    let offered = app.models.len();
+
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let addr = SocketAddr::new(args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}: pass another --port or --host"))?;
+        let addr = listener.local_addr()?;
+        println!("listening on http://{addr}");
+        eprintln!(
+            "cinder {}: {}; {offered} models from {} and --checkpoint (GET /v1/models lists them)",
+            env!("CARGO_PKG_VERSION"),
+            backend.describe(),
+            runs.display(),
+        );
+        let stopped = async move {
+            stop_signal().await;
+            load.stopping.store(true, Ordering::SeqCst);
+            eprintln!("stopping: open completions end now");
+            // Open streams end within a token; a client that never reads is not waited for.
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_secs(5));
+                std::process::exit(0);
+            });
+        };
+        axum::serve(listener, routes::router(app))
+            .with_graceful_shutdown(stopped)
+            .await
+            .context("the server failed")
+    })
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => ctrl_c.await,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}

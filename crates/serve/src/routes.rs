@@ -1,0 +1,293 @@
+//! The HTTP side: routes, the API key, the log line of each request, and how a completion's
+//! events become a response (whole, or server-sent events).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::api::{ApiError, Header, Limits, Usage, parse_completion};
+use crate::engine::{Event, Finish, Queue};
+
+/// The largest request body taken, in bytes.
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct App {
+    pub queue: Queue,
+    pub models: Arc<BTreeMap<String, PathBuf>>,
+    pub loaded: Arc<Mutex<Vec<String>>>,
+    pub limits: Limits,
+    pub api_key: Option<Arc<str>>,
+    pub started: u64,
+    pub next_id: Arc<AtomicU64>,
+}
+
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .fallback(|method: Method, uri: Uri| async move {
+            ApiError::no_route(method.as_str(), uri.path())
+        })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::no_route(method.as_str(), uri.path())
+            }
+        })
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
+        .with_state(app)
+}
+
+/// What the log line of a request names, beyond its method, path, status and time.
+#[derive(Clone, Default)]
+struct Logged {
+    model: Option<String>,
+    tokens: Option<usize>,
+    /// A stream logs itself when it ends.
+    streamed: bool,
+}
+
+fn log_line(method: &str, path: &str, status: u16, logged: &Logged, since: Instant) {
+    eprintln!(
+        "{method} {path} {status} model={} tokens={} {:.3}s",
+        logged.model.as_deref().unwrap_or("-"),
+        logged.tokens.map_or("-".into(), |t| t.to_string()),
+        since.elapsed().as_secs_f64()
+    );
+}
+
+/// Refuses requests while stopping (503) and, with `--api-key`, API requests without it (401);
+/// logs one line per request.
+async fn guard(State(app): State<App>, request: Request, next: Next) -> Response {
+    let since = Instant::now();
+    let (method, path) = (
+        request.method().to_string(),
+        request.uri().path().to_string(),
+    );
+    let response = if app.queue.load.stopping.load(Ordering::SeqCst) && path != "/health" {
+        ApiError::stopping().into_response()
+    } else if let Some(key) = &app.api_key
+        && path.starts_with("/v1/")
+        && request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            != Some(&**key)
+    {
+        ApiError::unauthorized().into_response()
+    } else {
+        next.run(request).await
+    };
+    let logged = response
+        .extensions()
+        .get::<Logged>()
+        .cloned()
+        .unwrap_or_default();
+    if !logged.streamed {
+        log_line(&method, &path, response.status().as_u16(), &logged, since);
+    }
+    response
+}
+
+async fn health(State(app): State<App>) -> Json<serde_json::Value> {
+    let load = &app.queue.load;
+    let loaded = app.loaded.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Json(json!({
+        "status": if load.stopping.load(Ordering::SeqCst) { "stopping" } else { "ok" },
+        "models": {"available": app.models.len(), "loaded": loaded},
+        "requests": {
+            "active": load.active(),
+            "queued": load.queued(),
+        },
+    }))
+}
+
+async fn models(State(app): State<App>) -> Json<serde_json::Value> {
+    let data: Vec<_> = app
+        .models
+        .keys()
+        .map(
+            |id| json!({"id": id, "object": "model", "created": app.started, "owned_by": "cinder"}),
+        )
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+fn with_log(mut response: Response, logged: Logged) -> Response {
+    response.extensions_mut().insert(logged);
+    response
+}
+
+async fn completions(State(app): State<App>, body: Body) -> Response {
+    let mut logged = Logged::default();
+    let result = async {
+        let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+            .await
+            .map_err(|_| ApiError::too_large(BODY_LIMIT))?;
+        let request = parse_completion(&bytes, &app.limits)?;
+        logged.model = Some(request.job.model.clone());
+        if !app.models.contains_key(&request.job.model) {
+            return Err(ApiError::no_model(&request.job.model));
+        }
+        let (tx, mut rx) = unbounded_channel();
+        let choices = request.job.prompts.len() * request.job.n;
+        if !app.queue.submit(request.job.clone(), tx) {
+            return Err(ApiError::busy(app.queue.load.queued()));
+        }
+        let prompt_tokens = match rx.recv().await {
+            Some(Event::Started { prompt_tokens }) => prompt_tokens,
+            Some(Event::Failed(e)) => return Err(e),
+            _ => return Err(ApiError::server("the generation worker stopped".into())),
+        };
+        let header = Header {
+            id: format!("cmpl-{:08x}", app.next_id.fetch_add(1, Ordering::SeqCst)),
+            created: now(),
+            model: request.job.model.clone(),
+        };
+        Ok((request, header, rx, prompt_tokens, choices))
+    }
+    .await;
+    let (request, header, rx, prompt_tokens, choices) = match result {
+        Ok(ready) => ready,
+        Err(e) => return with_log(e.into_response(), logged),
+    };
+    if request.stream {
+        logged.streamed = true;
+        let stream = stream(
+            rx,
+            header,
+            prompt_tokens,
+            request.include_usage,
+            logged.clone(),
+        );
+        return with_log(Sse::new(stream).into_response(), logged);
+    }
+    match collect(rx, choices).await {
+        Ok((texts, completion_tokens)) => {
+            logged.tokens = Some(completion_tokens);
+            let usage = Usage {
+                prompt_tokens,
+                completion_tokens,
+            };
+            with_log(
+                Json(header.completion(&texts, usage)).into_response(),
+                logged,
+            )
+        }
+        Err(e) => with_log(e.into_response(), logged),
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A whole completion: each choice's text and why it ended, and the tokens written.
+async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    choices: usize,
+) -> Result<(Vec<(String, Finish)>, usize), ApiError> {
+    let mut texts = vec![(String::new(), Finish::Length); choices];
+    loop {
+        match rx.recv().await {
+            Some(Event::Text { index, text }) => texts[index].0.push_str(&text),
+            Some(Event::Finished { index, reason }) => texts[index].1 = reason,
+            Some(Event::Done { completion_tokens }) => return Ok((texts, completion_tokens)),
+            Some(Event::Started { .. }) => {}
+            Some(Event::Failed(e)) => return Err(e),
+            None => return Err(ApiError::server("the generation worker stopped".into())),
+        }
+    }
+}
+
+/// A completion as server-sent events: a chunk per piece of text, one with each choice's
+/// `finish_reason`, the usage if asked for, then `[DONE]`.
+fn stream(
+    rx: UnboundedReceiver<Event>,
+    header: Header,
+    prompt_tokens: usize,
+    include_usage: bool,
+    logged: Logged,
+) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+    struct Stream {
+        rx: UnboundedReceiver<Event>,
+        pending: VecDeque<SseEvent>,
+        ended: bool,
+        header: Header,
+        prompt_tokens: usize,
+        include_usage: bool,
+        logged: Logged,
+        since: Instant,
+    }
+    fn data(value: serde_json::Value) -> SseEvent {
+        SseEvent::default().data(value.to_string())
+    }
+    let start = Stream {
+        rx,
+        pending: VecDeque::new(),
+        ended: false,
+        header,
+        prompt_tokens,
+        include_usage,
+        logged,
+        since: Instant::now(),
+    };
+    futures_util::stream::unfold(start, |mut s| async move {
+        loop {
+            if let Some(event) = s.pending.pop_front() {
+                return Some((Ok(event), s));
+            }
+            if s.ended {
+                return None;
+            }
+            let event = match s.rx.recv().await {
+                Some(Event::Started { .. }) => continue,
+                Some(Event::Text { index, text }) => s.header.chunk(index, &text, None),
+                Some(Event::Finished { index, reason }) => s.header.chunk(index, "", Some(reason)),
+                Some(Event::Done { completion_tokens }) => {
+                    if s.include_usage {
+                        let usage = Usage {
+                            prompt_tokens: s.prompt_tokens,
+                            completion_tokens,
+                        };
+                        s.pending.push_back(data(s.header.usage_chunk(usage)));
+                    }
+                    s.pending.push_back(SseEvent::default().data("[DONE]"));
+                    s.ended = true;
+                    s.logged.tokens = Some(completion_tokens);
+                    log_line("POST", "/v1/completions", 200, &s.logged, s.since);
+                    continue;
+                }
+                Some(Event::Failed(e)) => {
+                    s.ended = true;
+                    e.body()
+                }
+                None => {
+                    s.ended = true;
+                    ApiError::server("the generation worker stopped".into()).body()
+                }
+            };
+            s.pending.push_back(data(event));
+        }
+    })
+}

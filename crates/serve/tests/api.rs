@@ -1,0 +1,553 @@
+//! `serve`'s API over HTTP, against a small model trained here: the text is `generate`'s, streamed
+//! or whole; stop strings; OpenAI's error objects; the API key; the queue; stopping.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use cinder::config::TrainConfig;
+use cinder::data::{TokenizerChoice, TrainingData};
+use cinder::device::Backend;
+use cinder::run::trainer::Trainer;
+use cinder::sampling::SamplingParams;
+use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::storage::checkpoint;
+use cinder::storage::names::{BEST, LATEST};
+use serde_json::{Value, json};
+
+/// A run folder `runs/tiny` under `dir`, trained for a few steps on some Shakespeare.
+fn trained_run(dir: &Path) -> PathBuf {
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tinyshakespeare.txt");
+    let text: String = std::fs::read_to_string(text)
+        .unwrap()
+        .chars()
+        .take(20_000)
+        .collect();
+    let corpus = dir.join("corpus.txt");
+    std::fs::write(&corpus, text).unwrap();
+    let config = TrainConfig {
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 32,
+        block_size: 32,
+        batch_size: 4,
+        max_iters: 10,
+        warmup_iters: 2,
+        lr_decay_iters: 10,
+        eval_interval: 10,
+        eval_iters: 1,
+        log_interval: 1,
+        checkpoint_interval: 10,
+        sample_tokens: 0,
+        ..TrainConfig::default()
+    };
+    let choice = TokenizerChoice::of(&config);
+    let data = TrainingData::open(&[corpus], &choice, &config, None, &mut |_, _, _| {}).unwrap();
+    let run = dir.join("runs").join("tiny");
+    let backend = Backend::cpu().unwrap();
+    let mut trainer = Trainer::new(config, backend, data, run.clone()).unwrap();
+    trainer.run(&mut (), &AtomicBool::new(false)).unwrap();
+    run
+}
+
+/// A running `serve`, stopped when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path, args: &[&str]) -> Server {
+        let log = dir.join(format!("serve-{}.log", std::process::id()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
+            .current_dir(dir)
+            .args(["--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("no address in {line:?}: {}", read(&log)))
+            .to_string();
+        Server { child, url, log }
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into()
+    }
+
+    /// POSTs `body` (JSON text) to `path`: the status, the Retry-After header, the body.
+    fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, Option<String>, String) {
+        let mut request = Self::agent()
+            .post(format!("{}{path}", self.url))
+            .header("Content-Type", "application/json");
+        if let Some(key) = key {
+            request = request.header("Authorization", format!("Bearer {key}"));
+        }
+        let mut response = request.send(body).unwrap();
+        let retry = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = response.status().as_u16();
+        (status, retry, response.body_mut().read_to_string().unwrap())
+    }
+
+    /// POSTs `body` to /v1/completions: the status and the JSON answered.
+    fn complete(&self, body: &Value) -> (u16, Value) {
+        let (status, _, text) = self.post_raw("/v1/completions", &body.to_string(), None);
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let mut response = Self::agent()
+            .get(format!("{}{path}", self.url))
+            .call()
+            .unwrap();
+        let text = response.body_mut().read_to_string().unwrap();
+        (
+            response.status().as_u16(),
+            serde_json::from_str(&text).unwrap(),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The `data:` payloads of a server-sent event stream.
+fn events(stream: &str) -> Vec<String> {
+    stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Each choice's text and finish_reason from a stream's chunks, and its usage chunk.
+fn streamed(stream: &str, choices: usize) -> (Vec<(String, String)>, Option<Value>) {
+    let events = events(stream);
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{stream}"
+    );
+    let mut texts = vec![(String::new(), String::new()); choices];
+    let mut usage = None;
+    for event in &events[..events.len() - 1] {
+        let chunk: Value = serde_json::from_str(event).unwrap();
+        assert_eq!(chunk["object"], "text_completion");
+        if let Some(u) = chunk.get("usage") {
+            usage = Some(u.clone());
+            continue;
+        }
+        for choice in chunk["choices"].as_array().unwrap() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            texts[i].0.push_str(choice["text"].as_str().unwrap());
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                assert!(
+                    texts[i].1.is_empty(),
+                    "two finish_reasons for {i}: {stream}"
+                );
+                texts[i].1 = reason.to_string();
+            }
+        }
+    }
+    (texts, usage)
+}
+
+/// `generate`'s samples (the library's, as the binary calls it) from the run at `run`.
+fn generated(
+    run: &Path,
+    prompt: &str,
+    sampling: SamplingParams,
+    n: usize,
+    seed: u64,
+) -> Vec<String> {
+    let device = Backend::cpu().unwrap().device;
+    let loaded = checkpoint::load(run, &[BEST, LATEST], &device).unwrap();
+    let ids = loaded.tokenizer.encode(prompt).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 30,
+        num_samples: n,
+        sampling,
+        seed,
+        use_cache: true,
+        tokens: loaded.tokenizer.vocab_size(),
+    };
+    let samples = generate(&loaded.model, &ids, &opts, &device, |_, _| {});
+    samples.iter().map(|s| loaded.tokenizer.decode(s)).collect()
+}
+
+#[test]
+fn completions_are_generates_text_whole_or_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: Some(20),
+        top_p: None,
+    };
+    for n in [1, 2] {
+        let expected = generated(&run, "ROMEO:", sampling, n, 7);
+        let request = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 30,
+            "temperature": 0.8, "top_k": 20, "seed": 7, "n": n});
+        let (status, whole) = server.complete(&request);
+        assert_eq!(status, 200, "{whole}");
+        assert_eq!(whole["object"], "text_completion");
+        assert!(whole["id"].as_str().unwrap().starts_with("cmpl-"));
+        assert_eq!(whole["model"], "tiny");
+        let choices = whole["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), n);
+        for (i, choice) in choices.iter().enumerate() {
+            assert_eq!(choice["index"], i);
+            assert_eq!(choice["text"], expected[i], "choice {i} of {n}");
+            assert_eq!(choice["finish_reason"], "length");
+        }
+        assert_eq!(
+            whole["usage"],
+            json!({"prompt_tokens": 6, "completion_tokens": 30 * n, "total_tokens": 6 + 30 * n})
+        );
+
+        let mut request = request.clone();
+        request["stream"] = json!(true);
+        request["stream_options"] = json!({"include_usage": true});
+        let (status, _, stream) = server.post_raw("/v1/completions", &request.to_string(), None);
+        assert_eq!(status, 200, "{stream}");
+        let (texts, usage) = streamed(&stream, n);
+        for (i, (text, reason)) in texts.iter().enumerate() {
+            assert_eq!(text, &expected[i]);
+            assert_eq!(reason, "length");
+        }
+        assert_eq!(usage, Some(whole["usage"].clone()));
+    }
+    let log = read(&server.log);
+    assert!(
+        log.contains("POST /v1/completions 200 model=tiny tokens=30 "),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it_whole_or_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path());
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+    // A seed gives the same draws with or without stop strings.
+    let seeded = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 30, "seed": 3});
+    let (_, whole) = server.complete(&seeded);
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the text (two characters from its 11th on).
+    let stop: String = text.chars().skip(10).take(2).collect();
+    let before = &text[..text.find(&stop).unwrap()];
+    assert!(!before.is_empty(), "{text:?}");
+    let mut request = seeded.clone();
+    request["stop"] = json!(["never met", stop]);
+    let (status, stopped) = server.complete(&request);
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["choices"][0]["text"], before);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    request["stream"] = json!(true);
+    let (_, _, stream) = server.post_raw("/v1/completions", &request.to_string(), None);
+    let (texts, _) = streamed(&stream, 1);
+    assert_eq!(texts[0], (before.to_string(), "stop".to_string()));
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path());
+    let server = Server::start(dir.path(), &["--runs", "runs", "--max-tokens", "100"]);
+    let ok = json!({"model": "tiny", "prompt": "ROMEO:"});
+    let with = |field: &str, value: Value| {
+        let mut body = ok.clone();
+        body[field] = value;
+        body.to_string()
+    };
+    let cases: Vec<(String, u16, Value, &str)> = vec![
+        ("{not json".into(), 400, Value::Null, "invalid_json"),
+        ("[1, 2]".into(), 400, Value::Null, "invalid_json"),
+        (
+            json!({"prompt": "a"}).to_string(),
+            400,
+            json!("model"),
+            "invalid_value",
+        ),
+        (
+            with("max_tokens", json!("x")),
+            400,
+            json!("max_tokens"),
+            "invalid_value",
+        ),
+        (
+            with("max_tokens", json!(0)),
+            400,
+            json!("max_tokens"),
+            "invalid_value",
+        ),
+        (
+            with("max_tokens", json!(101)),
+            400,
+            json!("max_tokens"),
+            "invalid_value",
+        ),
+        (
+            with("temperature", json!(-1)),
+            400,
+            json!("temperature"),
+            "invalid_value",
+        ),
+        (
+            with("top_p", json!(0)),
+            400,
+            json!("top_p"),
+            "invalid_value",
+        ),
+        (
+            with("top_k", json!(0)),
+            400,
+            json!("top_k"),
+            "invalid_value",
+        ),
+        (with("n", json!(0)), 400, json!("n"), "invalid_value"),
+        (with("n", json!(9)), 400, json!("n"), "invalid_value"),
+        (
+            with("stop", json!(["a", "b", "c", "d", "e"])),
+            400,
+            json!("stop"),
+            "invalid_value",
+        ),
+        (
+            with("prompt", json!(7)),
+            400,
+            json!("prompt"),
+            "invalid_value",
+        ),
+        (
+            with("prompt", json!([])),
+            400,
+            json!("prompt"),
+            "invalid_value",
+        ),
+        (
+            with("prompt", json!("price: €5")),
+            400,
+            json!("prompt"),
+            "invalid_value",
+        ),
+        (
+            with("echo", json!(true)),
+            400,
+            json!("echo"),
+            "invalid_value",
+        ),
+        (
+            with("model", json!("nope")),
+            404,
+            json!("model"),
+            "model_not_found",
+        ),
+        // Just over the limit: a body far over it may not be sent whole before the answer comes.
+        (
+            "x".repeat((1 << 20) + 1000),
+            413,
+            Value::Null,
+            "request_too_large",
+        ),
+    ];
+    for (body, status, param, code) in cases {
+        let (got, _, text) = server.post_raw("/v1/completions", &body, None);
+        let shown: String = body.chars().take(80).collect();
+        assert_eq!(got, status, "{shown}: {text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        let error = &error["error"];
+        assert_eq!(error["param"], param, "{shown}: {text}");
+        assert_eq!(error["code"], code, "{shown}: {text}");
+        assert!(error["message"].as_str().unwrap().len() > 10, "{text}");
+        assert!(error["type"].is_string(), "{text}");
+    }
+    let (status, error) = server.get("/v1/nothing");
+    assert_eq!(
+        (status, &error["error"]["code"]),
+        (404, &json!("unknown_url"))
+    );
+    let (status, whole) = server.complete(&ok);
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["usage"]["completion_tokens"], 16); // OpenAI's default max_tokens
+}
+
+#[test]
+fn models_health_ids_and_the_api_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let latest = run.join(LATEST);
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--runs",
+            "runs",
+            "--checkpoint",
+            latest.to_str().unwrap(),
+            "--api-key",
+            "sesame",
+        ],
+    );
+    let (status, health) = server.get("/health");
+    assert_eq!(status, 200);
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["models"], json!({"available": 2, "loaded": []}));
+    assert_eq!(health["requests"], json!({"active": 0, "queued": 0}));
+
+    let body = json!({"model": "latest", "prompt": "ROMEO:", "max_tokens": 3}).to_string();
+    for key in [None, Some("wrong")] {
+        let (status, _, text) = server.post_raw("/v1/completions", &body, key);
+        assert_eq!(status, 401, "{text}");
+        assert!(text.contains("invalid_api_key"), "{text}");
+    }
+    let (status, _, text) = server.post_raw("/v1/completions", &body, Some("sesame"));
+    assert_eq!(status, 200, "{text}");
+    let (_, health) = server.get("/health");
+    assert_eq!(health["models"]["loaded"], json!(["latest"]));
+
+    // /v1/models needs the key too.
+    let (status, _) = server.get("/v1/models");
+    assert_eq!(status, 401);
+    drop(server);
+    let server = Server::start(
+        dir.path(),
+        &["--runs", "runs", "--checkpoint", latest.to_str().unwrap()],
+    );
+    let (_, models) = server.get("/v1/models");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["latest", "tiny"]);
+    assert_eq!(models["data"][0]["object"], "model");
+
+    // Two models with one id: refused at start.
+    let out = Command::new(env!("CARGO_BIN_EXE_serve"))
+        .current_dir(dir.path())
+        .args([
+            "--port",
+            "0",
+            "--runs",
+            "runs",
+            "--checkpoint",
+            run.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("two models would have the id \"tiny\""),
+        "{stderr}"
+    );
+}
+
+/// More tokens than a test waits for.
+const LONG: usize = 1_000_000;
+
+/// Starts a long streamed completion on `server` and returns its reader once the first chunk
+/// has come: the worker is busy with it from then on.
+fn busy_stream(server: &Server) -> impl Read + use<> {
+    let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": LONG, "stream": true});
+    let response = Server::agent()
+        .post(format!("{}/v1/completions", server.url))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .unwrap();
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    reader
+}
+
+#[test]
+fn a_full_queue_is_a_429_and_stopping_ends_open_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path());
+    let mut server = Server::start(
+        dir.path(),
+        &[
+            "--runs",
+            "runs",
+            "--queue",
+            "0",
+            "--max-tokens",
+            &LONG.to_string(),
+        ],
+    );
+    let mut open = busy_stream(&server);
+    let (status, _) = server.get("/health");
+    assert_eq!(status, 200);
+    let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 1}).to_string();
+    let (status, retry, text) = server.post_raw("/v1/completions", &body, None);
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(text.contains("queue_full"), "{text}");
+
+    // SIGTERM: the open stream ends with a finish_reason and [DONE], and serve exits 0.
+    let stopped_at = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    open.read_to_string(&mut rest).unwrap();
+    let events = events(&rest);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{rest}");
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length", "{rest}");
+    // It ended when told to, far short of max_tokens (a token is a character here).
+    let (texts, _) = streamed(&rest, 1);
+    assert!(
+        texts[0].0.chars().count() < LONG / 2,
+        "{} characters",
+        texts[0].0.len()
+    );
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(10),
+            "serve did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{}", read(&server.log));
+}
