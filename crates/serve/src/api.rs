@@ -185,7 +185,7 @@ struct StreamOptions {
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
     model: String,
-    prompt: OneOrMany,
+    prompt: Option<OneOrMany>,
     max_tokens: Option<i64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
@@ -196,7 +196,8 @@ struct CompletionRequest {
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     echo: Option<bool>,
-    logprobs: Option<i64>,
+    logprobs: Option<Value>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
     best_of: Option<i64>,
     suffix: Option<String>,
     presence_penalty: Option<f64>,
@@ -242,8 +243,11 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
     if r.echo == Some(true) {
         return unsupported("echo", "echoing the prompt");
     }
-    if r.logprobs.is_some_and(|l| l > 0) {
+    if r.logprobs.is_some_and(|l| !l.is_null()) {
         return unsupported("logprobs", "returning log-probabilities");
+    }
+    if r.logit_bias.is_some_and(|b| !b.is_empty()) {
+        return unsupported("logit_bias", "biasing tokens");
     }
     if r.best_of.is_some_and(|b| b > 1) {
         return unsupported("best_of", "best_of above 1");
@@ -260,7 +264,10 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
         }
     }
 
-    let prompts = r.prompt.into_vec();
+    // No prompt, or an empty one: sample from the start, as `generate` does.
+    let prompts = r
+        .prompt
+        .map_or_else(|| vec![String::new()], OneOrMany::into_vec);
     if prompts.is_empty() || prompts.len() > limits.max_prompts {
         return Err(ApiError::invalid(
             "prompt",

@@ -2,19 +2,20 @@
 //! a time, taken from a bounded queue; it reports each request's text, choice by choice, as
 //! events on a channel of its own.
 //!
-//! A request's choices (`n` of them per prompt) decode as one batch with `generate`'s decoder
-//! and sampler, so that a seed gives `generate --seed`'s text. Stop strings are matched on the
+//! A prompt's choices (`n` of them) are `generate`'s samples, decoded as one batch, so that a
+//! seed gives `generate --seed`'s text. Stop strings are matched on the
 //! decoded text; while a choice streams, text that may be the start of a stop string is held
 //! back until it is known not to be.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use cinder::sampling::SamplingParams;
-use cinder::sampling::generate::Decoder;
+use std::ops::ControlFlow;
+use std::panic::AssertUnwindSafe;
+
+use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::sampling::{DEFAULT_PROMPT, SamplingParams};
 use cinder_data::TextStream;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::ApiError;
@@ -103,106 +104,124 @@ impl Queue {
         }
     }
 
-    /// Queues `job`, whose events go to `events`; false if `capacity` jobs wait already
-    /// besides the one generating.
-    pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> bool {
+    /// Queues `job`, whose events go to `events`; refused (429) if `capacity` jobs wait
+    /// already besides the one generating.
+    pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> Result<(), ApiError> {
         let pending = &self.load.pending;
         let taken = pending.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
             (p <= self.capacity).then_some(p + 1)
         });
-        if taken.is_err() {
-            return false;
+        if let Err(p) = taken {
+            return Err(ApiError::busy(p.saturating_sub(1)));
         }
         if self.jobs.send((job, events)).is_err() {
             pending.fetch_sub(1, Ordering::SeqCst);
-            return false;
+            return Err(ApiError::server("the generation worker stopped".into()));
         }
-        true
-    }
-}
-
-fn work(mut models: Models, inbox: mpsc::Receiver<(Job, UnboundedSender<Event>)>, load: &Load) {
-    for (job, events) in inbox {
-        if load.stopping.load(Ordering::SeqCst) {
-            let _ = events.send(Event::Failed(ApiError::stopping()));
-        } else {
-            load.active.store(1, Ordering::SeqCst);
-            if let Err(e) = complete(&mut models, &job, &events, load) {
-                let _ = events.send(Event::Failed(e));
-            }
-            load.active.store(0, Ordering::SeqCst);
-        }
-        load.pending.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
 /// The client went away: its events have nowhere to go.
 struct Gone;
 
-/// Runs `job`, reporting on `events`. An error before any text is returned; a client that goes
-/// away ends the job quietly.
+fn work(mut models: Models, inbox: mpsc::Receiver<(Job, UnboundedSender<Event>)>, load: &Load) {
+    for (job, events) in inbox {
+        let outcome = if load.stopping.load(Ordering::SeqCst) {
+            Err(ApiError::stopping())
+        } else if events.is_closed() {
+            Ok(None) // the client left while it waited
+        } else {
+            load.active.store(1, Ordering::SeqCst);
+            // A panic in Burn (a model that does not fit in memory, say) fails this request,
+            // not the worker.
+            let run = AssertUnwindSafe(|| complete(&mut models, &job, &events, load));
+            std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                Err(ApiError::server(
+                    "generation failed: see the server's log".into(),
+                ))
+            })
+        };
+        // The place is free before the client hears that its request is done.
+        load.active.store(0, Ordering::SeqCst);
+        load.pending.fetch_sub(1, Ordering::SeqCst);
+        let _ = match outcome {
+            Ok(Some(completion_tokens)) => events.send(Event::Done { completion_tokens }),
+            Ok(None) => Ok(()),
+            Err(e) => events.send(Event::Failed(e)),
+        };
+    }
+}
+
+/// Runs `job`, reporting its text on `events`, and returns the tokens written (`None` when the
+/// client went away). An error comes before any text.
 fn complete(
     models: &mut Models,
     job: &Job,
     events: &UnboundedSender<Event>,
     load: &Load,
-) -> Result<(), ApiError> {
+) -> Result<Option<usize>, ApiError> {
     let model = models.get(&job.model)?;
     let tokenizer = &model.tokenizer;
     let mut prompts = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {
+        // An empty prompt samples from the start, as `generate` does without one.
+        let prompt = if prompt.is_empty() {
+            DEFAULT_PROMPT
+        } else {
+            prompt
+        };
         let text: String = cinder_data::normalized_chars(prompt).collect();
         let ids = tokenizer.encode(&text).map_err(|e| {
             ApiError::invalid("prompt", format!("prompt {i} does not fit the model: {e}"))
         })?;
-        if ids.is_empty() {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!("prompt {i} is empty: give at least one character the model knows"),
-            ));
-        }
         prompts.push(ids);
     }
     let send = |event: Event| events.send(event).map_err(|_| Gone);
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    let run = || -> Result<(), Gone> {
+    let run = || -> Result<usize, Gone> {
         send(Event::Started { prompt_tokens })?;
-        let mut rng = ChaCha8Rng::seed_from_u64(job.seed);
         let mut completion_tokens = 0;
         for (p, prompt) in prompts.iter().enumerate() {
-            let mut decoder = Decoder::new(&model.gpt, true, &model.device);
-            let mut texts = vec![prompt.clone(); job.n];
+            // Each prompt's choices are `generate --seed`'s samples of it.
+            let opts = GenerateOptions {
+                max_new_tokens: job.max_tokens,
+                num_samples: job.n,
+                sampling: job.sampling,
+                seed: job.seed,
+                use_cache: true,
+                tokens: tokenizer.vocab_size(),
+            };
             let mut choices: Vec<Choice> = (0..job.n)
                 .map(|c| Choice::new(p * job.n + c, tokenizer, &job.stop))
                 .collect();
-            for _ in 0..job.max_tokens {
-                if choices.iter().all(|c| c.finished) || load.stopping.load(Ordering::SeqCst) {
-                    break;
+            let mut gone = false;
+            generate(&model.gpt, prompt, &opts, &model.device, |c, token| {
+                let choice = &mut choices[c];
+                if !choice.finished {
+                    completion_tokens += 1;
+                    gone |= choice.push(token, &send).is_err();
                 }
-                let logits = decoder.next_logits(&texts); // (n, V)
-                let v = logits.len() / job.n;
-                let pickable = tokenizer.vocab_size().min(v);
-                // Every choice draws, finished or not: the batch stays one length and the
-                // random stream stays generate's.
-                for (c, text) in texts.iter_mut().enumerate() {
-                    let row = &logits[c * v..c * v + pickable];
-                    let token = job.sampling.pick(row, &mut rng);
-                    text.push(token);
-                    let choice = &mut choices[c];
-                    if !choice.finished {
-                        completion_tokens += 1;
-                        choice.push(token, &send)?;
-                    }
+                let over = gone
+                    || events.is_closed()
+                    || load.stopping.load(Ordering::SeqCst)
+                    || choices.iter().all(|c| c.finished);
+                if over {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
+            });
+            if gone || events.is_closed() {
+                return Err(Gone);
             }
             for choice in choices {
                 choice.finish(&send)?;
             }
         }
-        send(Event::Done { completion_tokens })
+        Ok(completion_tokens)
     };
-    let _ = run(); // Gone: nobody is listening
-    Ok(())
+    Ok(run().ok())
 }
 
 /// One choice being generated: its text decoded so far, held back from a stop string.

@@ -76,6 +76,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.max_tokens == 0 || args.max_n == 0 || args.max_loaded == 0 {
         anyhow::bail!("--max-tokens, --max-n and --max-loaded must be at least 1");
     }
+    if args.api_key.as_deref() == Some("") {
+        anyhow::bail!("--api-key is empty: give a key, or leave the flag out");
+    }
     let backend = Backend::select(args.device)?;
     let runs = args.runs.clone().unwrap_or_else(|| PathBuf::from(RUNS));
     let paths = models::discover(&runs, args.runs.is_some(), &args.checkpoint)?;

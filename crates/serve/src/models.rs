@@ -163,15 +163,14 @@ impl Models {
             self.loaded.push(entry);
         } else {
             let path = self.paths.get(id).ok_or_else(|| ApiError::no_model(id))?;
-            let loaded = checkpoint::load(path, &[BEST, LATEST], &self.device).map_err(|e| {
-                ApiError::server(format!(
-                    "cannot load model {id} from {}: {e}",
-                    path.display()
-                ))
-            })?;
+            // Room first: at most `max_loaded` models are ever in memory.
             if self.loaded.len() == self.max_loaded {
                 self.loaded.remove(0);
             }
+            let loaded = checkpoint::load(path, &[BEST, LATEST], &self.device).map_err(|e| {
+                eprintln!("cannot load model {id} from {}: {e}", path.display());
+                ApiError::server(format!("model {id} cannot be loaded: see the server's log"))
+            })?;
             self.loaded.push((
                 id.to_string(),
                 Loaded {

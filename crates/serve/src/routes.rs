@@ -149,9 +149,7 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
         }
         let (tx, mut rx) = unbounded_channel();
         let choices = request.job.prompts.len() * request.job.n;
-        if !app.queue.submit(request.job.clone(), tx) {
-            return Err(ApiError::busy(app.queue.load.queued()));
-        }
+        app.queue.submit(request.job.clone(), tx)?;
         let prompt_tokens = match rx.recv().await {
             Some(Event::Started { prompt_tokens }) => prompt_tokens,
             Some(Event::Failed(e)) => return Err(e),
@@ -239,6 +237,18 @@ fn stream(
         logged: Logged,
         since: Instant,
     }
+    // One log line per stream, when it is dropped: 200 if it ran to [DONE], else 499 (the
+    // client closed it) or 500.
+    impl Drop for Stream {
+        fn drop(&mut self) {
+            let status = match (self.ended, self.logged.tokens) {
+                (true, Some(_)) => 200,
+                (true, None) => 500,
+                (false, _) => 499,
+            };
+            log_line("POST", "/v1/completions", status, &self.logged, self.since);
+        }
+    }
     fn data(value: serde_json::Value) -> SseEvent {
         SseEvent::default().data(value.to_string())
     }
@@ -275,7 +285,6 @@ fn stream(
                     s.pending.push_back(SseEvent::default().data("[DONE]"));
                     s.ended = true;
                     s.logged.tokens = Some(completion_tokens);
-                    log_line("POST", "/v1/completions", 200, &s.logged, s.since);
                     continue;
                 }
                 Some(Event::Failed(e)) => {

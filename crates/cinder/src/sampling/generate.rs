@@ -1,5 +1,7 @@
 //! Autoregressive generation, with or without the key/value cache.
 
+use std::ops::ControlFlow;
+
 use burn::prelude::*;
 use cinder_model::{Gpt, KvCache};
 use rand::SeedableRng;
@@ -22,14 +24,33 @@ pub struct GenerateOptions {
     pub tokens: usize,
 }
 
+/// What `generate`'s `on_token` says: nothing (go on), or whether to go on.
+pub trait TokenFlow {
+    fn go_on(self) -> bool;
+}
+
+impl TokenFlow for () {
+    fn go_on(self) -> bool {
+        true
+    }
+}
+
+impl TokenFlow for ControlFlow<()> {
+    fn go_on(self) -> bool {
+        self.is_continue()
+    }
+}
+
 /// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
-/// `on_token(sample, token)` as each token is chosen. Returns the new tokens of every sample.
-pub fn generate(
+/// `on_token(sample, token)` as each token is chosen; an `on_token` that returns
+/// `ControlFlow::Break` ends the generation after the current step. Returns the new tokens of
+/// every sample.
+pub fn generate<F: TokenFlow>(
     model: &Gpt,
     prompt: &[u32],
     opts: &GenerateOptions,
     device: &Device,
-    mut on_token: impl FnMut(usize, u32),
+    mut on_token: impl FnMut(usize, u32) -> F,
 ) -> Vec<Vec<u32>> {
     assert!(
         !prompt.is_empty(),
@@ -44,11 +65,15 @@ pub fn generate(
         let last = decoder.next_logits(&texts); // (n, V) on the host
         let v = last.len() / n;
         let pickable = opts.tokens.min(v);
+        let mut go_on = true;
         for (s, text) in texts.iter_mut().enumerate() {
             let token = opts.sampling.pick(&last[s * v..s * v + pickable], &mut rng);
             text.push(token);
             out[s].push(token);
-            on_token(s, token);
+            go_on &= on_token(s, token).go_on();
+        }
+        if !go_on {
+            break;
         }
     }
     out
