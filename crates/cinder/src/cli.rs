@@ -249,6 +249,18 @@ pub enum OpsArg {
     Composite,
 }
 
+/// Where a command runs: `--device` and `--ops`, the same flags in every binary that runs a model.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct RunOn {
+    /// Where to run
+    #[arg(long, value_enum, default_value_t)]
+    pub device: crate::device::DeviceChoice,
+    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
+    /// operations
+    #[arg(long, value_enum, default_value_t)]
+    pub ops: OpsArg,
+}
+
 impl From<OpsArg> for cinder_model::Ops {
     fn from(o: OpsArg) -> Self {
         match o {

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use cinder::cli::{OpsArg, exit_on_error};
-use cinder::device::{Backend, DeviceChoice};
+use cinder::cli::{RunOn, exit_on_error};
+use cinder::device::Backend;
 use cinder::run::start::RUNS;
 use clap::Parser;
 
@@ -59,13 +59,8 @@ struct Args {
     /// The most choices (n) a request may ask for per prompt
     #[arg(long, default_value_t = 8)]
     max_n: usize,
-    /// Where to run
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceChoice,
-    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
-    /// operations
-    #[arg(long, value_enum, default_value_t)]
-    ops: OpsArg,
+    #[command(flatten)]
+    run_on: RunOn,
 }
 
 fn main() {
@@ -79,14 +74,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.api_key.as_deref() == Some("") {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out");
     }
-    let backend = Backend::select(args.device)?;
+    let backend = Backend::select(args.run_on.device)?;
     let runs = args.runs.clone().unwrap_or_else(|| PathBuf::from(RUNS));
     let paths = models::discover(&runs, args.runs.is_some(), &args.checkpoint)?;
     let models = models::Models::new(
         paths.clone(),
         args.max_loaded,
         backend.device.clone(),
-        args.ops.into(),
+        args.run_on.ops.into(),
     );
     let loaded = models.loaded_ids.clone();
     let queue = engine::Queue::start(models, args.queue);

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::prelude::*;
-use cinder::cli::{OpsArg, Overrides, exit_on_error};
+use cinder::cli::{Overrides, RunOn, exit_on_error};
 use cinder::config::TrainConfig;
 use cinder::data::{TokenizerChoice, TrainingData};
-use cinder::device::{Backend, DeviceChoice};
+use cinder::device::Backend;
 use cinder::run::trainer::Trainer;
 use cinder::sampling::SamplingParams;
 use cinder::sampling::generate::{GenerateOptions, generate};
@@ -25,13 +25,8 @@ struct Args {
     /// Text to draw batches from
     #[arg(long, default_value = cinder::run::start::DEFAULT_DATA)]
     data: PathBuf,
-    /// Where to run
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceChoice,
-    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
-    /// operations
-    #[arg(long, value_enum, default_value_t)]
-    ops: OpsArg,
+    #[command(flatten)]
+    run_on: RunOn,
     #[command(subcommand)]
     mode: Mode,
     #[command(flatten)]
@@ -88,7 +83,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut config = TrainConfig::load(&args.config)?;
     args.overrides.apply(&mut config);
     config.validate()?;
-    let backend = Backend::select(args.device)?;
+    let backend = Backend::select(args.run_on.device)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = serde_json::json!({
         "impl": format!("cinder-{}", backend.name),
@@ -101,7 +96,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             warmup_steps,
             steps,
         } => {
-            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
+            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.run_on.ops.into());
             out["ops"] = t.ops().name().into();
             let params = t.model().num_params();
             let matmul_params = matmul_params(t.model());
@@ -125,7 +120,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         Mode::Sample { tokens, no_cache } => {
             let device = backend.device.clone();
             device.seed(config.seed);
-            let model = config.model(65).init(&device)?.with_ops(args.ops.into());
+            let model = config
+                .model(65)
+                .init(&device)?
+                .with_ops(args.run_on.ops.into());
             let opts = GenerateOptions {
                 max_new_tokens: tokens,
                 num_samples: 1,
@@ -147,7 +145,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             out["tokens_per_s"] = round(tokens as f64 / secs, 1).into();
         }
         Mode::Breakdown { steps } => {
-            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.ops.into());
+            let mut t = trainer(&args.data, &config, &backend)?.with_ops(args.run_on.ops.into());
             out["ops"] = t.ops().name().into();
             for _ in 0..3 {
                 t.step();

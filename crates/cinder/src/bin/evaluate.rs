@@ -4,9 +4,9 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use cinder::cli::{OpsArg, exit_on_error};
+use cinder::cli::{RunOn, exit_on_error};
 use cinder::data::{TokenizerChoice, TrainingData};
-use cinder::device::{Backend, DeviceChoice};
+use cinder::device::Backend;
 use cinder::run::eval::text_loss;
 use cinder::storage::checkpoint;
 use cinder::storage::names::{BEST, LATEST};
@@ -38,13 +38,8 @@ struct Args {
     /// Print only the numbers line
     #[arg(long, short)]
     quiet: bool,
-    /// Where to run
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceChoice,
-    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
-    /// operations
-    #[arg(long, value_enum, default_value_t)]
-    ops: OpsArg,
+    #[command(flatten)]
+    run_on: RunOn,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -61,7 +56,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size is 0, but it must be at least 1");
     }
-    let backend = Backend::select(args.device)?;
+    let backend = Backend::select(args.run_on.device)?;
     let checkpoint::Loaded {
         dir,
         meta,
@@ -144,7 +139,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             bar.set_position(done as u64);
         }
     };
-    let model = model.with_ops(args.ops.into());
+    let model = model.with_ops(args.run_on.ops.into());
     let result = text_loss(&model, &ids, args.batch_size, &backend.device, progress);
     if let Some(bar) = bar {
         bar.finish_and_clear();

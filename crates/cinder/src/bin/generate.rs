@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use cinder::cli::{OpsArg, exit_on_error};
-use cinder::device::{Backend, DeviceChoice};
+use cinder::cli::{RunOn, exit_on_error};
+use cinder::device::Backend;
 use cinder::sampling::generate::{GenerateOptions, generate};
 use cinder::sampling::{DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams};
 use cinder::storage::checkpoint;
@@ -57,13 +57,8 @@ struct Args {
     /// Print only the generated text (no prompt echo, separators or summary)
     #[arg(long, short)]
     quiet: bool,
-    /// Where to run
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceChoice,
-    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
-    /// operations
-    #[arg(long, value_enum, default_value_t)]
-    ops: OpsArg,
+    #[command(flatten)]
+    run_on: RunOn,
 }
 
 fn main() {
@@ -72,7 +67,7 @@ fn main() {
 
 fn run(args: Args) -> anyhow::Result<()> {
     check_flags(&args)?;
-    let backend = Backend::select(args.device)?;
+    let backend = Backend::select(args.run_on.device)?;
     let checkpoint::Loaded {
         dir,
         meta,
@@ -134,7 +129,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     // The first sample streams as it is generated; the others print when the batch is done.
     // A token may end inside a character: the stream holds such bytes back until they decode.
     let mut stream = TextStream::new(&tokenizer);
-    let model = model.with_ops(args.ops.into());
+    let model = model.with_ops(args.run_on.ops.into());
     let samples = generate(&model, &prompt, &opts, &backend.device, |sample, token| {
         if sample == 0 {
             let _ = write!(out, "{}", stream.push(token));

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use burn::module::Module;
-use cinder::cli::{OpsArg, Overrides, exit_on_error};
-use cinder::device::{Backend, DeviceChoice};
+use cinder::cli::{Overrides, RunOn, exit_on_error};
+use cinder::device::Backend;
 use cinder::run::metrics::{self, MetricsLog};
 use cinder::run::plot::LossPlot;
 use cinder::run::progress::{ConsoleObserver, Verbosity};
@@ -55,13 +55,8 @@ struct Args {
     /// (never deleted) and start afresh
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
-    /// Where to run
-    #[arg(long, value_enum, default_value_t)]
-    device: DeviceChoice,
-    /// Which layers run: cinder's fused CPU kernels (on the flex backend) or Burn's composite
-    /// operations
-    #[arg(long, value_enum, default_value_t)]
-    ops: OpsArg,
+    #[command(flatten)]
+    run_on: RunOn,
     /// Print only errors and the final summary
     #[arg(long, short, conflicts_with = "verbose")]
     quiet: bool,
@@ -94,7 +89,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             println!("{line}");
         }
     };
-    let backend = Backend::select(args.device)?;
+    let backend = Backend::select(args.run_on.device)?;
     say(format!(
         "cinder {}: {}",
         env!("CARGO_PKG_VERSION"),
@@ -112,7 +107,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     // The lock is held until the process ends.
     let (trainer, _lock) = start::open(&request, backend, &say)?;
-    let mut trainer = trainer.with_ops(args.ops.into());
+    let mut trainer = trainer.with_ops(args.run_on.ops.into());
     say(format!("layers: {}", ops_description(trainer.ops())));
     let (tokens, rows) = (
         trainer.tokenizer().vocab_size(),
