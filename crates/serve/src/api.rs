@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 
 use crate::engine::{Finish, Job};
 
+/// Prompts one request may hold.
+pub const MAX_PROMPTS: usize = 16;
+
 /// What the server allows in one request.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {

@@ -93,12 +93,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         limits: api::Limits {
             max_tokens: args.max_tokens,
             max_n: args.max_n,
-            max_prompts: 16,
+            max_prompts: api::MAX_PROMPTS,
         },
         api_key: args.api_key.as_deref().map(Arc::from),
-        started: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        started: routes::now(),
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let offered = app.models.len();

@@ -194,7 +194,8 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
     }
 }
 
-fn now() -> u64 {
+/// Seconds since the Unix epoch, as OpenAI's `created` fields count.
+pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
