@@ -2,6 +2,8 @@
 //! response and stream chunk objects, and errors in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`).
 
+use std::time::{Duration, Instant};
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cinder::sampling::SamplingParams;
@@ -19,6 +21,10 @@ pub struct Limits {
     pub max_tokens: usize,
     pub max_n: usize,
     pub max_prompts: usize,
+    /// Characters in one prompt.
+    pub max_prompt_chars: usize,
+    /// From arrival to the last token.
+    pub timeout: Duration,
 }
 
 /// An error answered to a client: an HTTP status and OpenAI's error object.
@@ -117,6 +123,18 @@ impl ApiError {
             "rate_limit_error",
             "queue_full",
             format!("{queued} requests are waiting already: try again shortly"),
+        )
+    }
+
+    /// 408: the request ran past the server's time limit (`--timeout`).
+    pub fn timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            "request_timeout",
+            "the request ran past this server's time limit (serve --timeout): ask for fewer \
+             tokens or choices"
+                .into(),
         )
     }
 
@@ -281,6 +299,21 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             ),
         ));
     }
+    if let Some((i, p)) = prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.chars().count() > limits.max_prompt_chars)
+    {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt {i} has {} characters, but this server takes up to {} (serve \
+                 --max-prompt-chars)",
+                p.chars().count(),
+                limits.max_prompt_chars
+            ),
+        ));
+    }
     let max_tokens = r.max_tokens.unwrap_or(16);
     if !(1..=limits.max_tokens as i64).contains(&max_tokens) {
         return Err(ApiError::invalid(
@@ -349,6 +382,7 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             },
             seed,
             stop,
+            deadline: Instant::now() + limits.timeout,
         },
         stream,
         include_usage,

@@ -9,14 +9,17 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
+use std::time::Instant;
 
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 
+use cinder::inspect::AttentionMaps;
 use cinder::sampling::generate::{GenerateOptions, generate};
 use cinder::sampling::{DEFAULT_PROMPT, SamplingParams};
 use cinder_data::TextStream;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 
 use crate::api::ApiError;
 use crate::models::Models;
@@ -32,6 +35,9 @@ pub struct Job {
     pub sampling: SamplingParams,
     pub seed: u64,
     pub stop: Vec<String>,
+    /// When the request must be over (its time limit from when it arrived): a choice still
+    /// generating then ends the request with an error.
+    pub deadline: Instant,
 }
 
 /// Why a choice ended, in OpenAI's words.
@@ -53,6 +59,21 @@ pub enum Event {
     Finished { index: usize, reason: Finish },
     Done { completion_tokens: usize },
     Failed(ApiError),
+}
+
+/// Tokens of text whose attention maps a request may ask for.
+pub const MAX_ATTENTION_TOKENS: usize = 64;
+
+/// What the worker is asked to do.
+enum Work {
+    /// A completion request, whose events go to the sender.
+    Complete(Job, UnboundedSender<Event>),
+    /// `inspect`'s attention maps of a short text.
+    Attention {
+        model: String,
+        text: String,
+        reply: oneshot::Sender<Result<AttentionMaps, ApiError>>,
+    },
 }
 
 /// Counters the web server reads: how busy the worker is, and whether the server is stopping.
@@ -82,7 +103,7 @@ impl Load {
 /// The sending end of the worker's queue.
 #[derive(Clone)]
 pub struct Queue {
-    jobs: mpsc::Sender<(Job, UnboundedSender<Event>)>,
+    work: mpsc::Sender<Work>,
     capacity: usize,
     pub load: Arc<Load>,
 }
@@ -90,7 +111,7 @@ pub struct Queue {
 impl Queue {
     /// Starts the worker thread over `models`, with room for `capacity` waiting jobs.
     pub fn start(models: Models, capacity: usize) -> Self {
-        let (jobs, inbox) = mpsc::channel();
+        let (sender, inbox) = mpsc::channel();
         let load = Arc::new(Load::default());
         let worker_load = load.clone();
         std::thread::Builder::new()
@@ -98,15 +119,29 @@ impl Queue {
             .spawn(move || work(models, inbox, &worker_load))
             .expect("the generation thread starts");
         Self {
-            jobs,
+            work: sender,
             capacity,
             load,
         }
     }
 
-    /// Queues `job`, whose events go to `events`; refused (429) if `capacity` jobs wait
-    /// already besides the one generating.
+    /// Queues `job`, whose events go to `events`; refused (429) if `capacity` requests wait
+    /// already besides the one being served.
     pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> Result<(), ApiError> {
+        self.enqueue(Work::Complete(job, events))
+    }
+
+    /// The attention maps of `text` (its first [`MAX_ATTENTION_TOKENS`] tokens) under model
+    /// `model`, queued as a completion is.
+    pub async fn attention(&self, model: String, text: String) -> Result<AttentionMaps, ApiError> {
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Work::Attention { model, text, reply })?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err(ApiError::server("the generation worker stopped".into())))
+    }
+
+    fn enqueue(&self, work: Work) -> Result<(), ApiError> {
         let pending = &self.load.pending;
         let taken = pending.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
             (p <= self.capacity).then_some(p + 1)
@@ -114,7 +149,7 @@ impl Queue {
         if let Err(p) = taken {
             return Err(ApiError::busy(p.saturating_sub(1)));
         }
-        if self.jobs.send((job, events)).is_err() {
+        if self.work.send(work).is_err() {
             pending.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::server("the generation worker stopped".into()));
         }
@@ -125,32 +160,68 @@ impl Queue {
 /// The client went away: its events have nowhere to go.
 struct Gone;
 
-fn work(mut models: Models, inbox: mpsc::Receiver<(Job, UnboundedSender<Event>)>, load: &Load) {
-    for (job, events) in inbox {
-        let outcome = if load.stopping.load(Ordering::SeqCst) {
-            Err(ApiError::stopping())
-        } else if events.is_closed() {
-            Ok(None) // the client left while it waited
-        } else {
-            load.active.store(1, Ordering::SeqCst);
-            // A panic in Burn (a model that does not fit in memory, say) fails this request,
-            // not the worker.
-            let run = AssertUnwindSafe(|| complete(&mut models, &job, &events, load));
-            std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                Err(ApiError::server(
-                    "generation failed: see the server's log".into(),
-                ))
-            })
-        };
-        // The place is free before the client hears that its request is done.
-        load.active.store(0, Ordering::SeqCst);
-        load.pending.fetch_sub(1, Ordering::SeqCst);
-        let _ = match outcome {
-            Ok(Some(completion_tokens)) => events.send(Event::Done { completion_tokens }),
-            Ok(None) => Ok(()),
-            Err(e) => events.send(Event::Failed(e)),
-        };
+fn work(mut models: Models, inbox: mpsc::Receiver<Work>, load: &Load) {
+    for work in inbox {
+        load.active.store(1, Ordering::SeqCst);
+        // A panic in Burn (a model that does not fit in memory, say) fails this request, not
+        // the worker.
+        let failed = || ApiError::server("generation failed: see the server's log".into());
+        match work {
+            Work::Complete(job, events) => {
+                let outcome = if load.stopping.load(Ordering::SeqCst) {
+                    Err(ApiError::stopping())
+                } else if events.is_closed() {
+                    Ok(None) // the client left while it waited
+                } else {
+                    let run = AssertUnwindSafe(|| complete(&mut models, &job, &events, load));
+                    std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()))
+                };
+                // The place is free before the client hears that its request is done.
+                load.active.store(0, Ordering::SeqCst);
+                load.pending.fetch_sub(1, Ordering::SeqCst);
+                let _ = match outcome {
+                    Ok(Some(completion_tokens)) => events.send(Event::Done { completion_tokens }),
+                    Ok(None) => Ok(()),
+                    Err(e) => events.send(Event::Failed(e)),
+                };
+            }
+            Work::Attention { model, text, reply } => {
+                let run = AssertUnwindSafe(|| attention(&mut models, &model, &text));
+                let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()));
+                load.active.store(0, Ordering::SeqCst);
+                load.pending.fetch_sub(1, Ordering::SeqCst);
+                let _ = reply.send(outcome);
+            }
+        }
     }
+}
+
+/// `inspect`'s attention maps of the first [`MAX_ATTENTION_TOKENS`] tokens of `text` (at most
+/// the model's context).
+fn attention(models: &mut Models, id: &str, text: &str) -> Result<AttentionMaps, ApiError> {
+    let model = models.get(id)?;
+    let text: String = cinder_data::normalized_chars(text).collect();
+    let mut ids = model
+        .tokenizer
+        .encode(&text)
+        .map_err(|e| ApiError::invalid("text", format!("the text does not fit the model: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            "text",
+            "the text is empty: give at least one character",
+        ));
+    }
+    ids.truncate(MAX_ATTENTION_TOKENS.min(model.gpt.block_size()));
+    let tokens = ids
+        .iter()
+        .map(|&id| String::from_utf8_lossy(&model.tokenizer.token_bytes(id)).into_owned())
+        .collect();
+    Ok(AttentionMaps::compute(
+        &model.gpt,
+        &ids,
+        tokens,
+        &model.device,
+    ))
 }
 
 /// Runs `job`, reporting its text on `events`, and returns the tokens written (`None` when the
@@ -163,6 +234,9 @@ fn complete(
 ) -> Result<Option<usize>, ApiError> {
     let model = models.get(&job.model)?;
     let tokenizer = &model.tokenizer;
+    if Instant::now() >= job.deadline {
+        return Err(ApiError::timeout());
+    }
     let mut prompts = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {
         // An empty prompt samples from the start, as `generate` does without one.
@@ -179,7 +253,8 @@ fn complete(
     }
     let send = |event: Event| events.send(event).map_err(|_| Gone);
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    let run = || -> Result<usize, Gone> {
+    let mut timed_out = false;
+    let mut run = || -> Result<usize, Gone> {
         send(Event::Started { prompt_tokens })?;
         let mut completion_tokens = 0;
         for (p, prompt) in prompts.iter().enumerate() {
@@ -202,7 +277,9 @@ fn complete(
                     completion_tokens += 1;
                     gone |= choice.push(token, &send).is_err();
                 }
+                timed_out = Instant::now() >= job.deadline;
                 let over = gone
+                    || timed_out
                     || events.is_closed()
                     || load.stopping.load(Ordering::SeqCst)
                     || choices.iter().all(|c| c.finished);
@@ -212,7 +289,7 @@ fn complete(
                     ControlFlow::Continue(())
                 }
             });
-            if gone || events.is_closed() {
+            if gone || timed_out || events.is_closed() {
                 return Err(Gone);
             }
             for choice in choices {
@@ -221,7 +298,12 @@ fn complete(
         }
         Ok(completion_tokens)
     };
-    Ok(run().ok())
+    let written = run().ok();
+    if timed_out {
+        // What was streamed stays with the client; the error ends the stream.
+        return Err(ApiError::timeout());
+    }
+    Ok(written)
 }
 
 /// One choice being generated: its text decoded so far, held back from a stop string.

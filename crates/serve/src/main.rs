@@ -1,14 +1,18 @@
-//! `serve`: cinder's models behind an OpenAI-compatible completions API.
+//! `serve`: a local web page to watch runs and try models, and cinder's models behind an
+//! OpenAI-compatible completions API.
 //!
 //! - [`models`]: which models are offered, under which ids, and loading them;
 //! - [`engine`]: the generation worker and its queue;
 //! - [`api`]: OpenAI's request, response and error objects;
-//! - [`routes`]: the HTTP side.
+//! - [`routes`]: the HTTP side of the API;
+//! - [`web`]: the page and the JSON it reads, from [`runs`]: what a run folder shows.
 
 mod api;
 mod engine;
 mod models;
 mod routes;
+mod runs;
+mod web;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -22,13 +26,15 @@ use cinder::device::Backend;
 use cinder::run::start::RUNS;
 use clap::Parser;
 
-/// Serve models over HTTP with OpenAI's completions API (POST /v1/completions, GET /v1/models,
+/// Serve a web page to watch runs train and try their models (open the address it prints), and
+/// the models over HTTP with OpenAI's completions API (POST /v1/completions, GET /v1/models,
 /// GET /health), so that OpenAI's clients work unchanged.
 ///
 /// It offers every run folder under --runs (its best/ checkpoint, else latest/), with the run's
 /// path under --runs as its id, and every folder named with --checkpoint, with the folder's name
-/// as its id. Models load on first use. One request generates at a time; the others wait in a
-/// queue. Ctrl-C stops: open completions end at once with finish_reason "length".
+/// as its id; runs created later are found too. Models load on first use, and again when their
+/// run writes a newer checkpoint. One request generates at a time; the others wait in a queue.
+/// Ctrl-C stops: open completions end at once with finish_reason "length".
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
@@ -44,8 +50,14 @@ struct Args {
     /// Port to listen on (0: any free one)
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Require this key on /v1/ requests (`Authorization: Bearer <key>`)
-    #[arg(long, value_name = "KEY")]
+    /// Require this key on /v1/ and /api/ requests (`Authorization: Bearer <key>`); the page
+    /// asks for it once
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "CINDER_API_KEY",
+        hide_env_values = true
+    )]
     api_key: Option<String>,
     /// Models kept loaded at once; the least recently used is unloaded first
     #[arg(long, default_value_t = 2)]
@@ -59,6 +71,13 @@ struct Args {
     /// The most choices (n) a request may ask for per prompt
     #[arg(long, default_value_t = 8)]
     max_n: usize,
+    /// The most characters in one prompt
+    #[arg(long, default_value_t = 32_768)]
+    max_prompt_chars: usize,
+    /// Seconds a request may take from its arrival to its last token; a stream still going
+    /// then ends with an error event
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    timeout: f64,
     #[command(flatten)]
     run_on: RunOn,
 }
@@ -68,38 +87,60 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if args.max_tokens == 0 || args.max_n == 0 || args.max_loaded == 0 {
-        anyhow::bail!("--max-tokens, --max-n and --max-loaded must be at least 1");
+    if args.max_tokens == 0 || args.max_n == 0 || args.max_loaded == 0 || args.max_prompt_chars == 0
+    {
+        anyhow::bail!(
+            "--max-tokens, --max-n, --max-prompt-chars and --max-loaded must be at least 1"
+        );
+    }
+    if !(args.timeout > 0.0 && args.timeout.is_finite()) {
+        anyhow::bail!(
+            "--timeout is {}: give a number of seconds above 0",
+            args.timeout
+        );
     }
     if args.api_key.as_deref() == Some("") {
-        anyhow::bail!("--api-key is empty: give a key, or leave the flag out");
+        anyhow::bail!("--api-key (or CINDER_API_KEY) is empty: give a key, or leave it out");
+    }
+    if !args.host.is_loopback() && args.api_key.is_none() {
+        eprintln!(
+            "warning: listening on {} without --api-key: anyone who can reach this machine can \
+             read the runs and use the models",
+            args.host
+        );
     }
     let backend = Backend::select(args.run_on.device)?;
     let runs = args.runs.clone().unwrap_or_else(|| PathBuf::from(RUNS));
-    let paths = models::discover(&runs, args.runs.is_some(), &args.checkpoint)?;
+    let catalog = Arc::new(models::Catalog::discover(
+        &runs,
+        args.runs.is_some(),
+        &args.checkpoint,
+    )?);
     let models = models::Models::new(
-        paths.clone(),
+        catalog.clone(),
         args.max_loaded,
         backend.device.clone(),
         args.run_on.ops.into(),
     );
-    let loaded = models.loaded_ids.clone();
+    let loaded = models.loaded_info.clone();
     let queue = engine::Queue::start(models, args.queue);
     let load = queue.load.clone();
     let app = routes::App {
         queue,
-        models: Arc::new(paths),
+        catalog,
         loaded,
         limits: api::Limits {
             max_tokens: args.max_tokens,
             max_n: args.max_n,
             max_prompts: api::MAX_PROMPTS,
+            max_prompt_chars: args.max_prompt_chars,
+            timeout: Duration::from_secs_f64(args.timeout),
         },
         api_key: args.api_key.as_deref().map(Arc::from),
         started: routes::now(),
         next_id: Arc::new(AtomicU64::new(1)),
     };
-    let offered = app.models.len();
+    let offered = app.catalog.all().len();
 
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
@@ -110,7 +151,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         println!("listening on http://{addr}");
         eprintln!(
-            "cinder {}: {}; {offered} models from {} and --checkpoint (GET /v1/models lists them)",
+            "cinder {}: {}; {offered} models from {} and --checkpoint (the page at / shows them)",
             env!("CARGO_PKG_VERSION"),
             backend.describe(),
             runs.display(),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use burn::prelude::Device;
 use cinder::storage::checkpoint;
@@ -38,8 +38,8 @@ pub enum ModelsError {
     },
 }
 
-/// Where each model id's checkpoint is (a run folder, read at its best/, else latest/).
-pub fn discover(
+/// Where each model id's folder is (a run folder, read at its best/, else latest/).
+fn discover(
     runs: &Path,
     runs_required: bool,
     named: &[PathBuf],
@@ -120,68 +120,173 @@ fn walk(
     Ok(())
 }
 
+/// The models on offer: found at start, and again when a list is asked for or an id is not
+/// known (runs created after the server started). A folder that `--runs` lost is kept until the
+/// next successful look.
+pub struct Catalog {
+    runs: PathBuf,
+    named: Vec<PathBuf>,
+    ids: RwLock<BTreeMap<String, PathBuf>>,
+}
+
+impl Catalog {
+    /// The models under `runs` (which must exist when `runs_required`) and those `named`;
+    /// refused when two would share an id.
+    pub fn discover(
+        runs: &Path,
+        runs_required: bool,
+        named: &[PathBuf],
+    ) -> Result<Self, ModelsError> {
+        let ids = discover(runs, runs_required, named)?;
+        Ok(Self {
+            runs: runs.to_path_buf(),
+            named: named.to_vec(),
+            ids: RwLock::new(ids),
+        })
+    }
+
+    /// Looks again, keeping what was found before if the folders cannot be read now.
+    pub fn refresh(&self) {
+        match discover(&self.runs, false, &self.named) {
+            Ok(ids) => *self.ids.write().unwrap_or_else(|e| e.into_inner()) = ids,
+            Err(e) => eprintln!("the models were not looked for again: {e}"),
+        }
+    }
+
+    /// Every id and its folder.
+    pub fn all(&self) -> BTreeMap<String, PathBuf> {
+        self.ids.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The folder of model `id`, looking again once if it is not known.
+    pub fn path(&self, id: &str) -> Option<PathBuf> {
+        let known = || {
+            let ids = self.ids.read().unwrap_or_else(|e| e.into_inner());
+            ids.get(id).cloned()
+        };
+        known().or_else(|| {
+            self.refresh();
+            known()
+        })
+    }
+
+    /// The folder of model `id`, or a 404.
+    pub fn find(&self, id: &str) -> Result<PathBuf, ApiError> {
+        self.path(id).ok_or_else(|| ApiError::no_model(id))
+    }
+}
+
 /// A model in memory.
 pub struct Loaded {
     pub gpt: Gpt,
     pub tokenizer: Tokenizer,
     pub device: Device,
+    /// Iterations of the checkpoint it was read from.
+    pub iter: u64,
+    /// Which checkpoint that was, as seen before reading it (a swap while it was read costs one
+    /// more read later, never a missed one): a newer one is loaded on the next request.
+    stamp: Option<Stamp>,
 }
 
-/// The models on offer, and those loaded, most recently used last.
+/// The checkpoint folder a model id reads now, and when its metadata was written: a trainer
+/// writing a new best/ (renamed into place) changes it.
+#[derive(Debug, Clone, PartialEq)]
+struct Stamp {
+    dir: PathBuf,
+    file: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        let dir = checkpoint::resolve(path, &[BEST, LATEST]).ok()?;
+        let written = if dir.join(META).is_file() {
+            dir.join(META)
+        } else {
+            dir.clone() // a GPT-2 folder
+        };
+        Some(Self {
+            file: crate::runs::file_id(&written),
+            modified: std::fs::metadata(&written).and_then(|m| m.modified()).ok(),
+            dir,
+        })
+    }
+}
+
+/// What `/health` shows of a loaded model.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadedInfo {
+    pub id: String,
+    pub iter: u64,
+}
+
+/// The models loaded, most recently used last; one is read again when its run writes a newer
+/// checkpoint.
 pub struct Models {
-    paths: BTreeMap<String, PathBuf>,
-    loaded: Vec<(String, Loaded)>,
+    catalog: Arc<Catalog>,
+    loaded: Vec<(String, Arc<Loaded>)>,
     max_loaded: usize,
     device: Device,
     ops: Ops,
-    /// The ids loaded now, for `/health`.
-    pub loaded_ids: Arc<Mutex<Vec<String>>>,
+    /// The models loaded now, for `/health`.
+    pub loaded_info: Arc<Mutex<Vec<LoadedInfo>>>,
 }
 
 impl Models {
-    pub fn new(
-        paths: BTreeMap<String, PathBuf>,
-        max_loaded: usize,
-        device: Device,
-        ops: Ops,
-    ) -> Self {
+    pub fn new(catalog: Arc<Catalog>, max_loaded: usize, device: Device, ops: Ops) -> Self {
         Self {
-            paths,
+            catalog,
             loaded: Vec::new(),
             max_loaded: max_loaded.max(1),
             device,
             ops,
-            loaded_ids: Arc::default(),
+            loaded_info: Arc::default(),
         }
     }
 
-    /// The model `id`, loaded now if it is not yet (unloading the least recently used one when
-    /// `max_loaded` are).
-    pub fn get(&mut self, id: &str) -> Result<&Loaded, ApiError> {
-        if let Some(at) = self.loaded.iter().position(|(i, _)| i == id) {
+    /// The model `id` as its folder holds it now: the one in memory, or read now if it is not
+    /// loaded or its run has written a newer checkpoint since (unloading the least recently
+    /// used model first when `max_loaded` are). A request that holds the older model finishes
+    /// with it.
+    pub fn get(&mut self, id: &str) -> Result<Arc<Loaded>, ApiError> {
+        let path = self.catalog.find(id)?;
+        let stamp = Stamp::of(&path);
+        let at = self.loaded.iter().position(|(i, _)| i == id);
+        let current = at.filter(|&at| stamp.is_some() && stamp == self.loaded[at].1.stamp);
+        if let Some(at) = current {
             let entry = self.loaded.remove(at);
             self.loaded.push(entry);
         } else {
-            let path = self.paths.get(id).ok_or_else(|| ApiError::no_model(id))?;
+            if let Some(at) = at {
+                self.loaded.remove(at); // an older checkpoint
+            }
             // Room first: at most `max_loaded` models are ever in memory.
             if self.loaded.len() == self.max_loaded {
                 self.loaded.remove(0);
             }
-            let loaded = checkpoint::load(path, &[BEST, LATEST], &self.device).map_err(|e| {
+            let loaded = checkpoint::load(&path, &[BEST, LATEST], &self.device).map_err(|e| {
                 eprintln!("cannot load model {id} from {}: {e}", path.display());
                 ApiError::server(format!("model {id} cannot be loaded: see the server's log"))
             })?;
             self.loaded.push((
                 id.to_string(),
-                Loaded {
+                Arc::new(Loaded {
                     gpt: loaded.model.with_ops(self.ops),
                     tokenizer: loaded.tokenizer,
                     device: self.device.clone(),
-                },
+                    iter: loaded.meta.iter,
+                    stamp,
+                }),
             ));
         }
-        *self.loaded_ids.lock().unwrap_or_else(|e| e.into_inner()) =
-            self.loaded.iter().map(|(i, _)| i.clone()).collect();
-        Ok(&self.loaded.last().expect("just pushed").1)
+        *self.loaded_info.lock().unwrap_or_else(|e| e.into_inner()) = self
+            .loaded
+            .iter()
+            .map(|(id, m)| LoadedInfo {
+                id: id.clone(),
+                iter: m.iter,
+            })
+            .collect();
+        Ok(self.loaded.last().expect("just pushed").1.clone())
     }
 }

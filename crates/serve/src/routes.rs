@@ -1,9 +1,8 @@
 //! The HTTP side: routes, the API key, the log line of each request, and how a completion's
 //! events become a response (whole, or server-sent events).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -12,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -21,6 +20,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::api::{ApiError, Header, Limits, Usage, parse_completion};
 use crate::engine::{Event, Finish, Queue};
+use crate::models::{Catalog, LoadedInfo};
+use crate::web;
 
 /// The largest request body taken, in bytes.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -29,8 +30,8 @@ pub const BODY_LIMIT: usize = 1 << 20;
 #[derive(Clone)]
 pub struct App {
     pub queue: Queue,
-    pub models: Arc<BTreeMap<String, PathBuf>>,
-    pub loaded: Arc<Mutex<Vec<String>>>,
+    pub catalog: Arc<Catalog>,
+    pub loaded: Arc<Mutex<Vec<LoadedInfo>>>,
     pub limits: Limits,
     pub api_key: Option<Arc<str>>,
     pub started: u64,
@@ -38,7 +39,7 @@ pub struct App {
 }
 
 pub fn router(app: App) -> Router {
-    Router::new()
+    web::routes()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
@@ -73,8 +74,19 @@ fn log_line(method: &str, path: &str, status: u16, logged: &Logged, since: Insta
     );
 }
 
-/// Refuses requests while stopping (503) and, with `--api-key`, API requests without it (401);
-/// logs one line per request.
+/// Whether `headers` carry `Authorization: Bearer <key>`, compared in constant time.
+fn has_key(headers: &axum::http::HeaderMap, key: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(key.as_bytes())))
+}
+
+/// Refuses requests while stopping (503) and, with `--api-key`, requests for the API and the
+/// page's JSON without it (401; the page itself loads, and asks for the key); logs one line
+/// per request.
 async fn guard(State(app): State<App>, request: Request, next: Next) -> Response {
     let since = Instant::now();
     let (method, path) = (
@@ -84,13 +96,8 @@ async fn guard(State(app): State<App>, request: Request, next: Next) -> Response
     let response = if app.queue.load.stopping.load(Ordering::SeqCst) && path != "/health" {
         ApiError::stopping().into_response()
     } else if let Some(key) = &app.api_key
-        && path.starts_with("/v1/")
-        && request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            != Some(&**key)
+        && (path.starts_with("/v1/") || path.starts_with("/api/"))
+        && !has_key(request.headers(), key)
     {
         ApiError::unauthorized().into_response()
     } else {
@@ -112,7 +119,7 @@ async fn health(State(app): State<App>) -> Json<serde_json::Value> {
     let loaded = app.loaded.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Json(json!({
         "status": if load.stopping.load(Ordering::SeqCst) { "stopping" } else { "ok" },
-        "models": {"available": app.models.len(), "loaded": loaded},
+        "models": {"available": app.catalog.all().len(), "loaded": loaded},
         "requests": {
             "active": load.active(),
             "queued": load.queued(),
@@ -121,8 +128,10 @@ async fn health(State(app): State<App>) -> Json<serde_json::Value> {
 }
 
 async fn models(State(app): State<App>) -> Json<serde_json::Value> {
+    app.catalog.refresh();
     let data: Vec<_> = app
-        .models
+        .catalog
+        .all()
         .keys()
         .map(
             |id| json!({"id": id, "object": "model", "created": app.started, "owned_by": "cinder"}),
@@ -144,9 +153,7 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
             .map_err(|_| ApiError::too_large(BODY_LIMIT))?;
         let request = parse_completion(&bytes, &app.limits)?;
         logged.model = Some(request.job.model.clone());
-        if !app.models.contains_key(&request.job.model) {
-            return Err(ApiError::no_model(&request.job.model));
-        }
+        app.catalog.find(&request.job.model)?;
         let (tx, mut rx) = unbounded_channel();
         let choices = request.job.prompts.len() * request.job.n;
         app.queue.submit(request.job.clone(), tx)?;
@@ -176,7 +183,9 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
             request.include_usage,
             logged.clone(),
         );
-        return with_log(Sse::new(stream).into_response(), logged);
+        // Comments while a long prompt is read keep proxies from closing the connection.
+        let sse = Sse::new(stream).keep_alive(KeepAlive::default());
+        return with_log(sse.into_response(), logged);
     }
     match collect(rx, choices).await {
         Ok((texts, completion_tokens)) => {

@@ -2,206 +2,15 @@
 //! or whole; stop strings; OpenAI's error objects; the API key; the queue; stopping.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicBool;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cinder::config::TrainConfig;
-use cinder::data::{TokenizerChoice, TrainingData};
-use cinder::device::Backend;
-use cinder::run::trainer::Trainer;
 use cinder::sampling::SamplingParams;
-use cinder::sampling::generate::{GenerateOptions, generate};
-use cinder::storage::checkpoint;
-use cinder::storage::names::{BEST, LATEST};
+use cinder::storage::names::LATEST;
 use serde_json::{Value, json};
 
-/// A run folder `runs/tiny` under `dir`, trained for a few steps on some Shakespeare.
-fn trained_run(dir: &Path) -> PathBuf {
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tinyshakespeare.txt");
-    let text: String = std::fs::read_to_string(text)
-        .unwrap()
-        .chars()
-        .take(20_000)
-        .collect();
-    let corpus = dir.join("corpus.txt");
-    std::fs::write(&corpus, text).unwrap();
-    let config = TrainConfig {
-        n_layer: 1,
-        n_head: 2,
-        n_embd: 32,
-        block_size: 32,
-        batch_size: 4,
-        max_iters: 10,
-        warmup_iters: 2,
-        lr_decay_iters: 10,
-        eval_interval: 10,
-        eval_iters: 1,
-        log_interval: 1,
-        checkpoint_interval: 10,
-        sample_tokens: 0,
-        ..TrainConfig::default()
-    };
-    let choice = TokenizerChoice::of(&config);
-    let data = TrainingData::open(&[corpus], &choice, &config, None, &mut |_, _, _| {}).unwrap();
-    let run = dir.join("runs").join("tiny");
-    let backend = Backend::cpu().unwrap();
-    let mut trainer = Trainer::new(config, backend, data, run.clone()).unwrap();
-    trainer.run(&mut (), &AtomicBool::new(false)).unwrap();
-    run
-}
-
-/// A running `serve`, stopped when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Server {
-    fn start(dir: &Path, args: &[&str]) -> Server {
-        let log = dir.join(format!("serve-{}.log", std::process::id()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
-            .current_dir(dir)
-            .args(["--port", "0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no address in {line:?}: {}", read(&log)))
-            .to_string();
-        Server { child, url, log }
-    }
-
-    fn agent() -> ureq::Agent {
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into()
-    }
-
-    /// POSTs `body` (JSON text) to `path`: the status, the Retry-After header, the body.
-    fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, Option<String>, String) {
-        let mut request = Self::agent()
-            .post(format!("{}{path}", self.url))
-            .header("Content-Type", "application/json");
-        if let Some(key) = key {
-            request = request.header("Authorization", format!("Bearer {key}"));
-        }
-        let mut response = request.send(body).unwrap();
-        let retry = response
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_string());
-        let status = response.status().as_u16();
-        (status, retry, response.body_mut().read_to_string().unwrap())
-    }
-
-    /// POSTs `body` to /v1/completions: the status and the JSON answered.
-    fn complete(&self, body: &Value) -> (u16, Value) {
-        let (status, _, text) = self.post_raw("/v1/completions", &body.to_string(), None);
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    fn get(&self, path: &str) -> (u16, Value) {
-        let mut response = Self::agent()
-            .get(format!("{}{path}", self.url))
-            .call()
-            .unwrap();
-        let text = response.body_mut().read_to_string().unwrap();
-        (
-            response.status().as_u16(),
-            serde_json::from_str(&text).unwrap(),
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// The `data:` payloads of a server-sent event stream.
-fn events(stream: &str) -> Vec<String> {
-    stream
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
-}
-
-/// Each choice's text and finish_reason from a stream's chunks, and its usage chunk.
-fn streamed(stream: &str, choices: usize) -> (Vec<(String, String)>, Option<Value>) {
-    let events = events(stream);
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "{stream}"
-    );
-    let mut texts = vec![(String::new(), String::new()); choices];
-    let mut usage = None;
-    for event in &events[..events.len() - 1] {
-        let chunk: Value = serde_json::from_str(event).unwrap();
-        assert_eq!(chunk["object"], "text_completion");
-        if chunk["choices"] == json!([]) {
-            usage = Some(chunk["usage"].clone());
-            continue;
-        }
-        for choice in chunk["choices"].as_array().unwrap() {
-            let i = choice["index"].as_u64().unwrap() as usize;
-            texts[i].0.push_str(choice["text"].as_str().unwrap());
-            if let Some(reason) = choice["finish_reason"].as_str() {
-                assert!(
-                    texts[i].1.is_empty(),
-                    "two finish_reasons for {i}: {stream}"
-                );
-                texts[i].1 = reason.to_string();
-            }
-        }
-    }
-    (texts, usage)
-}
-
-/// `generate`'s samples (the library's, as the binary calls it) from the run at `run`.
-fn generated(
-    run: &Path,
-    prompt: &str,
-    sampling: SamplingParams,
-    n: usize,
-    seed: u64,
-) -> Vec<String> {
-    let device = Backend::cpu().unwrap().device;
-    let loaded = checkpoint::load(run, &[BEST, LATEST], &device).unwrap();
-    let ids = loaded.tokenizer.encode(prompt).unwrap();
-    let opts = GenerateOptions {
-        max_new_tokens: 30,
-        num_samples: n,
-        sampling,
-        seed,
-        use_cache: true,
-        tokens: loaded.tokenizer.vocab_size(),
-    };
-    let samples = generate(&loaded.model, &ids, &opts, &device, |_, _| {});
-    samples.iter().map(|s| loaded.tokenizer.decode(s)).collect()
-}
+mod common;
+use common::{Server, events, generated, read, streamed, trained_run};
 
 #[test]
 fn completions_are_generates_text_whole_or_streamed() {
@@ -409,7 +218,10 @@ fn models_health_ids_and_the_api_key() {
     let (status, _, text) = server.post_raw("/v1/completions", &body, Some("sesame"));
     assert_eq!(status, 200, "{text}");
     let (_, health) = server.get("/health");
-    assert_eq!(health["models"]["loaded"], json!(["latest"]));
+    assert_eq!(
+        health["models"]["loaded"],
+        json!([{"id": "latest", "iter": 10}])
+    );
 
     // /v1/models needs the key too.
     let (status, _) = server.get("/v1/models");

@@ -132,6 +132,46 @@ impl RunLock {
     }
 }
 
+/// The process id of the trainer that holds `dir`'s lock now, found without taking the lock
+/// (`train` refuses to start while anyone holds it, so a reader must not): the id written in the
+/// lock file, if that process lives and, where the system shows it (Linux), has the lock file
+/// open. A lock file left by a finished run names a process that is gone, or another one.
+pub fn trainer_pid(dir: &Path) -> Option<u32> {
+    let lock = dir.join(LOCK);
+    let pid: u32 = std::fs::read_to_string(&lock).ok()?.trim().parse().ok()?;
+    holds_open(pid, &lock).then_some(pid)
+}
+
+#[cfg(target_os = "linux")]
+fn holds_open(pid: u32, lock: &Path) -> bool {
+    let Ok(lock) = std::fs::canonicalize(lock) else {
+        return false;
+    };
+    match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(fds) => fds
+            .filter_map(Result::ok)
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == lock)),
+        // Another user's process: that it lives is all there is to see.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => true,
+        Err(_) => false,
+    }
+}
+
+#[cfg(all(unix, not(target_os = "linux")))]
+fn holds_open(pid: u32, _lock: &Path) -> bool {
+    // `kill -0` asks whether the process lives, sending nothing.
+    std::process::Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[cfg(not(unix))]
+fn holds_open(_pid: u32, _lock: &Path) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +189,23 @@ mod tests {
         );
         drop(first);
         RunLock::acquire(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_trainer_is_seen_while_it_holds_the_lock_and_not_after() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let lock = RunLock::acquire(&dir).unwrap();
+        let seen = trainer_pid(&dir);
+        drop(lock);
+        // The file still names this process, which lives but holds it no longer.
+        let after = trainer_pid(&dir);
+        if cfg!(target_os = "linux") {
+            assert_eq!((seen, after), (Some(std::process::id()), None));
+        }
+        std::fs::write(dir.join(LOCK), "4294967295\n").unwrap(); // no such process
+        assert_eq!(trainer_pid(&dir), None);
+        assert_eq!(trainer_pid(&tmp.path().join("none")), None);
     }
 
     #[test]
