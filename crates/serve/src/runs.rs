@@ -34,7 +34,7 @@ pub fn summary(id: &str, path: &Path) -> Summary {
     let meta = newest
         .as_deref()
         .and_then(|dir| checkpoint::load_meta(dir).ok());
-    let params = newest.as_deref().and_then(|dir| approximate_params(dir));
+    let params = newest.as_deref().and_then(approximate_params);
     Summary {
         id: id.to_string(),
         kind: if is_run { "run" } else { "checkpoint" },

@@ -2,6 +2,7 @@
 //! or whole; stop strings; OpenAI's error objects; the API key; the queue; stopping.
 
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ fn completions_are_generates_text_whole_or_streamed() {
         top_p: None,
     };
     for n in [1, 2] {
-        let expected = generated(&run, "ROMEO:", sampling, n, 7);
+        let expected = generated(&run, "ROMEO:", sampling, n, 7, 30);
         let request = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 30,
             "temperature": 0.8, "top_k": 20, "seed": 7, "n": n});
         let (status, whole) = server.complete(&request);
@@ -339,4 +340,76 @@ fn a_full_queue_is_a_429_and_stopping_ends_open_streams() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(0), "{}", read(&server.log));
+}
+
+/// Whether OpenAI's Python package can be imported, or why not.
+fn openai_python() -> Result<(), String> {
+    let out = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .map_err(|e| format!("no python3: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err("OpenAI's Python package is missing (pip install openai)".into())
+    }
+}
+
+#[test]
+fn openais_own_client_works_unchanged() {
+    if let Err(why) = openai_python() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs the OpenAI client test: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let server = Server::start(dir.path(), &["--runs", "runs", "--api-key", "sesame"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args([server.url.as_str(), "sesame", "tiny"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(&stdout).unwrap();
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: Some(20),
+        top_p: None,
+    };
+    let expected = generated(&run, "ROMEO:", sampling, 2, 7, 30);
+    let usage = json!({"prompt_tokens": 6, "completion_tokens": 60, "total_tokens": 66});
+    assert_eq!(got["models"], json!(["tiny"]));
+    assert_eq!(got["whole"]["texts"], json!(expected));
+    assert_eq!(got["whole"]["finish"], json!(["length", "length"]));
+    assert_eq!(got["whole"]["object"], "text_completion");
+    assert_eq!(got["whole"]["usage"]["total_tokens"], 66);
+    assert_eq!(got["streamed"]["texts"], json!(expected));
+    assert_eq!(got["streamed"]["finish"], json!(["length", "length"]));
+    assert_eq!(
+        got["streamed"]["usage"]["completion_tokens"],
+        usage["completion_tokens"]
+    );
+    let error = |class: &str, status: u16, param: Value, code: &str| json!({"class": class, "status": status, "param": param, "code": code});
+    assert_eq!(
+        got["unknown_model"],
+        error("NotFoundError", 404, json!("model"), "model_not_found")
+    );
+    assert_eq!(
+        got["bad_max_tokens"],
+        error("BadRequestError", 400, json!("max_tokens"), "invalid_value")
+    );
+    assert_eq!(
+        got["wrong_key"],
+        error("AuthenticationError", 401, Value::Null, "invalid_api_key")
+    );
 }

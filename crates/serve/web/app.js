@@ -293,6 +293,7 @@ function runView(view, id) {
       cols.val.push(vi < 0 ? null : row[vi]);
     }
     if (m.reset || (m.rows && m.rows.length)) chart.setData([cols.iter, cols.train, cols.val]);
+    curve.dataset.rows = String(cols.iter.length); // rows drawn: what a test can watch grow
   });
 
   // Summary, samples and config.

@@ -224,12 +224,13 @@ pub fn generated(
     sampling: SamplingParams,
     n: usize,
     seed: u64,
+    tokens: usize,
 ) -> Vec<String> {
     let device = Backend::cpu().unwrap().device;
     let loaded = checkpoint::load(run, &[BEST, LATEST], &device).unwrap();
     let ids = loaded.tokenizer.encode(prompt).unwrap();
     let opts = GenerateOptions {
-        max_new_tokens: 30,
+        max_new_tokens: tokens,
         num_samples: n,
         sampling,
         seed,

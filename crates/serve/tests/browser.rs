@@ -1,0 +1,284 @@
+//! The web page in a real headless Chromium, driven over WebDriver (Debian's `chromium` and
+//! `chromium-driver`): it lists the runs, draws a run's curves and shows its samples and
+//! attention maps, follows the curve while `train` resumes the run, and streams a completion into the playground (the
+//! text `generate` gives for the same seed).
+//!
+//! Without Chromium the test says so and passes, except under `CI=true`, where it fails.
+//! With `CINDER_SCREENSHOTS=DIR` it writes `DIR/run.png` and `DIR/playground.png` (the README's).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use cinder::sampling::SamplingParams;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+mod common;
+use common::{Server, generated, train, train_binary};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// A running ChromeDriver, stopped when dropped.
+struct Driver(Child, String);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// ChromeDriver on a free port, or why there is none.
+fn chromedriver() -> Result<Driver, String> {
+    for path in [CHROMIUM, CHROMEDRIVER] {
+        if !Path::new(path).exists() {
+            return Err(format!(
+                "{path} is missing (apt-get install chromium chromium-driver)"
+            ));
+        }
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {CHROMEDRIVER}: {e}"))?;
+    Ok(Driver(child, format!("http://127.0.0.1:{port}")))
+}
+
+/// Where screenshots go, when asked for.
+fn screenshots() -> Option<PathBuf> {
+    std::env::var_os("CINDER_SCREENSHOTS").map(PathBuf::from)
+}
+
+async fn connect(driver: &Driver) -> Client {
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": CHROMIUM,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,1000"],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    // ChromeDriver takes a moment to listen.
+    let mut last = String::new();
+    for _ in 0..100 {
+        match ClientBuilder::new(connector.clone())
+            .capabilities(capabilities.clone())
+            .connect(&driver.1)
+            .await
+        {
+            Ok(client) => return client,
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("cannot reach ChromeDriver at {}: {last}", driver.1)
+}
+
+/// The text of the element at `css` once `ready` holds for it (at most 30 s).
+async fn text_when(client: &Client, css: &str, ready: impl Fn(&str) -> bool) -> String {
+    let mut text = String::new();
+    for _ in 0..300 {
+        if let Ok(element) = client.find(Locator::Css(css)).await {
+            text = element.text().await.unwrap_or_default();
+            if ready(&text) {
+                return text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{css} never got ready; last text {text:?}")
+}
+
+async fn attribute(client: &Client, css: &str, name: &str) -> Option<String> {
+    let element = client.find(Locator::Css(css)).await.ok()?;
+    element.attr(name).await.ok().flatten()
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    if let Some(dir) = screenshots() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = client.screenshot().await.unwrap();
+        std::fs::write(dir.join(name), png).unwrap();
+    }
+}
+
+#[test]
+fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
+    let driver = match chromedriver() {
+        Ok(driver) => driver,
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("the browser test needs Chromium under CI: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = train(
+        dir.path(),
+        "shakespeare",
+        &[
+            ("max-iters", "300"),
+            ("lr-decay-iters", "300"),
+            ("eval-interval", "100"),
+            ("checkpoint-interval", "100"),
+            ("log-interval", "5"),
+            ("sample-tokens", "120"),
+            ("n-embd", "64"),
+            ("n-layer", "2"),
+            ("n-head", "4"),
+            ("block-size", "64"),
+        ],
+    );
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = connect(&driver).await;
+
+        // The runs: one, idle, with its iterations.
+        client.goto(&format!("{}/#/", server.url)).await.unwrap();
+        let row = text_when(&client, r#"tr[data-run="shakespeare"]"#, |t| {
+            t.contains("300")
+        })
+        .await;
+        assert!(row.contains("idle") && row.contains("2L 4H 64C"), "{row}");
+
+        // Its page: the curve (60 rows), the samples newest first, the config.
+        client
+            .find(Locator::Css(r#"tr[data-run="shakespeare"] a"#))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        text_when(&client, "#samples", |t| t.contains("iteration 300")).await;
+        let samples = client
+            .find_all(Locator::Css("#samples .sample"))
+            .await
+            .unwrap();
+        let mut iters = Vec::new();
+        for sample in samples {
+            iters.push(sample.attr("data-iter").await.unwrap().unwrap());
+        }
+        assert_eq!(iters, ["300", "200", "100"]);
+        let config = text_when(&client, "#config", |t| t.contains("n_embd")).await;
+        assert!(config.contains("n_embd = 64"), "{config}");
+        for _ in 0..100 {
+            if attribute(&client, "#curve", "data-rows").await.as_deref() == Some("60") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            attribute(&client, "#curve", "data-rows").await.as_deref(),
+            Some("60")
+        );
+        assert!(client.find(Locator::Css("#curve canvas")).await.is_ok());
+        screenshot(&client, "run.png").await;
+
+        // The attention maps of the default text: a layer and a head to choose.
+        client
+            .find(Locator::Css("#attention-go"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        text_when(&client, "#head", |t| t.contains('3')).await;
+        let layers = client
+            .find_all(Locator::Css("#layer option"))
+            .await
+            .unwrap();
+        assert_eq!(layers.len(), 2);
+        let drawn = client
+            .execute(
+                "const c = document.querySelector('#attention-map'); \
+                 const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
+                 let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] < 200) n++; return n;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(drawn.as_u64().unwrap() > 1000, "the map is blank: {drawn}");
+
+        // `train` resumes the run: the open page follows it without a reload.
+        let mut trainer = Command::new(train_binary())
+            .current_dir(dir.path())
+            .args(["--resume", "runs/shakespeare", "--max-iters", "400"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut grown = false;
+        for _ in 0..300 {
+            let rows = attribute(&client, "#curve", "data-rows").await;
+            if rows.as_deref() == Some("80") {
+                grown = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(trainer.wait().unwrap().success());
+        assert!(grown, "the curve did not follow the run to iteration 400");
+
+        // The playground: the text streams in, the same as generate's for the seed.
+        client
+            .find(Locator::Css("#open-playground"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        text_when(&client, "#model", |t| t.contains("shakespeare")).await;
+        for (css, value) in [
+            ("#prompt", "ROMEO:"),
+            ("#seed", "5"),
+            ("#max_tokens", "150"),
+        ] {
+            let field = client.find(Locator::Css(css)).await.unwrap();
+            field.clear().await.unwrap();
+            field.send_keys(value).await.unwrap();
+        }
+        client
+            .find(Locator::Css("#generate"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        text_when(&client, "#finish", |t| t.contains("stopped")).await;
+        let speed = text_when(&client, "#speed", |t| t.contains("tokens/s")).await;
+        assert!(speed.starts_with("150 tokens"), "{speed}");
+        let output = client
+            .find(Locator::Css("#output"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        // The page's defaults: temperature 0.8, top-k 200.
+        let sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: Some(200),
+            top_p: None,
+        };
+        let expected = generated(&run, "ROMEO:", sampling, 1, 5, 150);
+        // The browser's text is what it renders: lines without their trailing spaces.
+        let trim = |s: &str| s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
+        assert_eq!(trim(&output), trim(&format!("ROMEO:{}", expected[0])));
+        screenshot(&client, "playground.png").await;
+        client.close().await.unwrap();
+    });
+}
