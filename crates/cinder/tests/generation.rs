@@ -28,9 +28,11 @@ fn check_against_full_forward(ops: Ops, use_cache: bool) {
     let (model, reference) = (model.clone().with_ops(ops), model.with_ops(Ops::Composite));
     let mut tested = Decoder::new(&model, use_cache, &device);
     let mut full = Decoder::new(&reference, false, &device);
+    tested.join(texts.clone());
+    full.join(texts.clone());
     for step in 0..21 {
-        let a = tested.next_logits(&texts);
-        let b = full.next_logits(&texts);
+        let a = tested.next_logits();
+        let b = full.next_logits();
         assert_eq!(a.len(), b.len());
         let diff = a
             .iter()
@@ -42,9 +44,90 @@ fn check_against_full_forward(ops: Ops, use_cache: bool) {
             "step {step} (length {}): max difference {diff}",
             texts[0].len()
         );
-        for t in &mut texts {
-            t.push(rng.random_range(0..13));
+        for (row, t) in texts.iter_mut().enumerate() {
+            let token = rng.random_range(0..13);
+            t.push(token);
+            tested.push(row, token);
+            full.push(row, token);
         }
+    }
+}
+
+/// Rows that join and leave a decoder at their own times, each at its own length, get the
+/// logits each would get decoded alone, on both paths, learned and rotary positions, past
+/// block_size.
+#[test]
+fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
+    let device = common::backend().device;
+    for (ops, rope) in [
+        (Ops::Fused, false),
+        (Ops::Fused, true),
+        (Ops::Composite, false),
+        (Ops::Composite, true),
+    ] {
+        device.seed(5);
+        let mut config = GptConfig::new(13, 8)
+            .with_n_layer(2)
+            .with_n_head(2)
+            .with_n_embd(16);
+        if rope {
+            config = config.with_position(cinder_model::Position::Rope);
+        }
+        let model = config.init(&device).unwrap().with_ops(ops);
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        // Row k joins at step 3k with a prompt of k + 1 tokens and leaves after 12 steps.
+        let prompts: Vec<Vec<u32>> = (0..4)
+            .map(|k| (0..=k).map(|_| rng.random_range(0..13)).collect())
+            .collect();
+        let tokens: Vec<Vec<u32>> = (0..4)
+            .map(|_| (0..12).map(|_| rng.random_range(0..13)).collect())
+            .collect();
+        let alone: Vec<Vec<Vec<f32>>> = (0..4)
+            .map(|k| {
+                let mut d = Decoder::new(&model, true, &device);
+                d.join([prompts[k].clone()]);
+                (0..12)
+                    .map(|i| {
+                        let l = d.next_logits();
+                        d.push(0, tokens[k][i]);
+                        l
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut together = Decoder::new(&model, true, &device);
+        let mut rows: Vec<(usize, usize)> = Vec::new(); // (row's text k, steps done)
+        for step in 0..30 {
+            if step % 3 == 0 && step / 3 < 4 {
+                together.join([prompts[step / 3].clone()]);
+                rows.push((step / 3, 0));
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let logits = together.next_logits();
+            let v = logits.len() / rows.len();
+            for (row, (k, done)) in rows.iter_mut().enumerate() {
+                let got = &logits[row * v..(row + 1) * v];
+                let diff = got
+                    .iter()
+                    .zip(&alone[*k][*done])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    diff < 1e-5,
+                    "{ops:?} rope {rope}: text {k} step {done}: {diff}"
+                );
+                together.push(row, tokens[*k][*done]);
+                *done += 1;
+            }
+            // A text leaves after 12 tokens; the rows after it move up.
+            while let Some(row) = rows.iter().position(|&(_, done)| done == 12) {
+                together.leave(row..row + 1);
+                rows.remove(row);
+            }
+        }
+        assert!(rows.is_empty() && together.rows() == 0);
     }
 }
 

@@ -249,8 +249,6 @@ pub struct CachedShape {
     pub samples: usize,
     /// New positions per text.
     pub new: usize,
-    /// Positions already in the cache (the first new position).
-    pub start: usize,
     /// Positions the cache holds.
     pub block: usize,
     pub n_head: usize,
@@ -258,23 +256,27 @@ pub struct CachedShape {
 }
 
 /// Attention for inference over a key/value cache: the new positions' keys and values are
-/// written into the cache, and each new query attends to every position up to its own. With
-/// `last_only`, only each text's last query is computed (all a sampler needs of the last block).
+/// written into the cache, after the `starts[t]` positions text `t` has there already (each
+/// text its own length; [`crate::start_of`]), and each new query attends to every position of
+/// its text up to its own. With `last_only`, only each text's last query is computed (all a
+/// sampler needs of the last block).
 ///
 /// # Shapes
-/// - qkv: `[S, new, 3C]`; keys, values: `[S, block, C]`, heads side by side
+/// - qkv: `[S, new, 3C]`; keys, values: `[S, block, C]`, heads side by side; starts: `[S]` or `[0]`
 /// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only`
 pub fn forward_cached(
     qkv: &[f32],
     keys: &mut [f32],
     values: &mut [f32],
     s: CachedShape,
+    starts: &[usize],
     last_only: bool,
     y: &mut [f32],
 ) {
     let (n, c) = (s.new, s.n_embd);
+    let start = |text: usize| crate::start_of(starts, text);
     assert!(
-        s.start + n <= s.block,
+        (0..s.samples).all(|t| start(t) + n <= s.block),
         "the cache holds at most block positions"
     );
     assert_eq!(qkv.len(), s.samples * n * 3 * c);
@@ -283,11 +285,11 @@ pub fn forward_cached(
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
     for (r, row) in qkv.chunks_exact(3 * c).enumerate() {
-        let at = ((r / n) * s.block + s.start + r % n) * c;
+        let at = ((r / n) * s.block + start(r / n) + r % n) * c;
         keys[at..at + c].copy_from_slice(&row[c..2 * c]);
         values[at..at + c].copy_from_slice(&row[2 * c..]);
     }
-    if s.start == 0 && n > 1 {
+    if starts.iter().all(|&p| p == 0) && n > 1 {
         // A window from an empty cache: the training pass's causal attention (matrix products).
         let shape = Shape {
             batch: s.samples,
@@ -317,7 +319,7 @@ pub fn forward_cached(
         let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
         let q = &qkv[(sample * n + i) * 3 * c + h * hs..][..hs];
         let first = sample * s.block * c + h * hs; // position 0 of this text and head
-        let seen = s.start + i + 1;
+        let seen = start(sample) + i + 1;
         attend_row(q, &keys[first..], &values[first..], c, seen, scale, out);
     });
 }

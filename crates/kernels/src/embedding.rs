@@ -3,14 +3,22 @@
 
 use crate::simd::add_assign;
 
-/// `out[b, t] = wte[ids[b, t]] + wpe[start + t]`.
+/// `out[b, t] = wte[ids[b, t]] + wpe[starts[b] + t]` (see [`crate::start_of`]).
 ///
 /// # Shapes
-/// - ids: `[B, T]`; wte: `[V, C]`; wpe: `[block_size, C]` or `[0]` -> out: `[B, T, C]`
-pub fn forward(ids: &[u32], seq: usize, start: usize, wte: &[f32], wpe: &[f32], out: &mut [f32]) {
+/// - ids: `[B, T]`; starts: `[B]` or `[0]`; wte: `[V, C]`; wpe: `[block_size, C]` or `[0]` ->
+///   out: `[B, T, C]`
+pub fn forward(
+    ids: &[u32],
+    seq: usize,
+    starts: &[usize],
+    wte: &[f32],
+    wpe: &[f32],
+    out: &mut [f32],
+) {
     let c = out.len() / ids.len().max(1);
     for (i, (row, &tok)) in out.chunks_exact_mut(c).zip(ids).enumerate() {
-        let (tok, pos) = (tok as usize, start + i % seq);
+        let (tok, pos) = (tok as usize, crate::start_of(starts, i / seq) + i % seq);
         row.copy_from_slice(&wte[tok * c..(tok + 1) * c]);
         if !wpe.is_empty() {
             add_assign(row, &wpe[pos * c..(pos + 1) * c]);
@@ -18,7 +26,7 @@ pub fn forward(ids: &[u32], seq: usize, start: usize, wte: &[f32], wpe: &[f32], 
     }
 }
 
-/// Backward of [`forward`] (with `start` 0): each row's gradient is added to its token's and
+/// Backward of [`forward`] (every sequence from position 0): each row's gradient is added to its token's and
 /// its position's rows of `dwte` and `dwpe`, in row order (the same sums on any thread count).
 ///
 /// # Shapes

@@ -27,3 +27,10 @@ pub mod rmsnorm;
 pub mod rotary;
 pub mod rows;
 pub mod simd;
+
+/// The first position of sequence `b` of a pass whose sequences start at `starts`: one position
+/// per sequence (texts decoded together from a key/value cache, each at its own length), or
+/// none when every sequence starts at 0 (training, evaluation, a first window).
+pub fn start_of(starts: &[usize], b: usize) -> usize {
+    if starts.is_empty() { 0 } else { starts[b] }
+}

@@ -11,13 +11,14 @@ use crate::{rmsnorm, rows};
 pub const ROPE_BASE: f64 = 10_000.0;
 
 /// What happens to the queries and keys of a `[B·T, 3C]` projection whose rows are the
-/// positions `start..start + seq` of each sequence.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// positions `starts[b]..starts[b] + seq` of each sequence `b`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Qk {
     pub n_embd: usize,
     pub n_head: usize,
     pub seq: usize,
-    pub start: usize,
+    /// Each sequence's first position, or none when all start at 0 ([`crate::start_of`]).
+    pub starts: Vec<usize>,
     /// Rotate by position (RoPE).
     pub rope: bool,
     /// RMS-normalise each head, with this epsilon (QK-norm).
@@ -49,12 +50,21 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], inverse: bool) {
     }
 }
 
-/// The `[seq, hs/2]` cosine and sine tables of `s` (empty without RoPE).
-fn tables(s: Qk) -> (Vec<f32>, Vec<f32>) {
+/// The cosine and sine tables of `s`, `[positions, hs/2]` from position 0 to the last any
+/// sequence reaches (empty without RoPE).
+fn tables(s: &Qk) -> (Vec<f32>, Vec<f32>) {
     if s.rope {
-        rope_table(s.start, s.seq, s.n_embd / s.n_head)
+        let end = s.starts.iter().max().copied().unwrap_or(0) + s.seq;
+        rope_table(0, end, s.n_embd / s.n_head)
     } else {
         (Vec::new(), Vec::new())
+    }
+}
+
+impl Qk {
+    /// The position of row `row` of the `[B·T, 3C]` projection.
+    fn position(&self, row: usize) -> usize {
+        crate::start_of(&self.starts, row / self.seq) + row % self.seq
     }
 }
 
@@ -63,7 +73,7 @@ fn tables(s: Qk) -> (Vec<f32>, Vec<f32>) {
 ///
 /// # Shapes
 /// - qkv, out: `[N, 3C]` with `N` a multiple of `s.seq`; rstd: `[N, 2H]`
-pub fn forward(qkv: &[f32], s: Qk, out: &mut [f32], rstd: &mut [f32]) {
+pub fn forward(qkv: &[f32], s: &Qk, out: &mut [f32], rstd: &mut [f32]) {
     let (c, h) = (s.n_embd, s.n_head);
     let hs = c / h;
     let (cos, sin) = tables(s);
@@ -75,7 +85,7 @@ pub fn forward(qkv: &[f32], s: Qk, out: &mut [f32], rstd: &mut [f32]) {
         .for_each(|(task, ((out, qkv), rstd))| {
             let rows = out.chunks_exact_mut(3 * c).zip(qkv.chunks_exact(3 * c));
             for (i, ((o, x), r)) in rows.zip(rstd.chunks_exact_mut(2 * h)).enumerate() {
-                let t = (task * rows_per(c) + i) % s.seq;
+                let t = s.position(task * rows_per(c) + i);
                 o.copy_from_slice(x);
                 for (head, r) in r.iter_mut().enumerate() {
                     let at = head * hs..(head + 1) * hs; // queries' heads, then keys'
@@ -97,7 +107,7 @@ pub fn forward(qkv: &[f32], s: Qk, out: &mut [f32], rstd: &mut [f32]) {
 ///
 /// # Shapes
 /// - dout, out, dqkv: `[N, 3C]`; rstd: `[N, 2H]`
-pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: Qk, dqkv: &mut [f32]) {
+pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: &Qk, dqkv: &mut [f32]) {
     let (c, h) = (s.n_embd, s.n_head);
     let hs = c / h;
     let (cos, sin) = tables(s);
@@ -115,7 +125,7 @@ pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: Qk, dqkv: &mut [f32]
                 let rows = dx.chunks_exact_mut(3 * c).zip(dout.chunks_exact(3 * c));
                 let rows = rows.zip(out.chunks_exact(3 * c).zip(rstd.chunks_exact(2 * h)));
                 for (i, ((dx, dout), (out, rstd))) in rows.enumerate() {
-                    let t = (task * rows_per(c) + i) % s.seq;
+                    let t = s.position(task * rows_per(c) + i);
                     dx.copy_from_slice(dout);
                     for (head, &r) in rstd.iter().enumerate() {
                         let at = head * hs..(head + 1) * hs;

@@ -367,7 +367,7 @@ fn embedding_backward_matches_finite_differences() {
     let r = random(batch * seq * c, 23); // loss = sum(out * r)
     let loss = |wte: &[f32], wpe: &[f32]| {
         let mut out = vec![0.0; batch * seq * c];
-        embedding::forward(&ids, seq, 0, wte, wpe, &mut out);
+        embedding::forward(&ids, seq, &[], wte, wpe, &mut out);
         weighted_sum(&out, &r)
     };
     // The backward adds to its buffers: start them at 0.5 and take it off after.
@@ -379,7 +379,7 @@ fn embedding_backward_matches_finite_differences() {
 
     // Without learned positions (rotary embeddings), the token embedding alone.
     let mut out = vec![0.0; batch * seq * c];
-    embedding::forward(&ids, seq, 0, &wte, &[], &mut out);
+    embedding::forward(&ids, seq, &[], &wte, &[], &mut out);
     for (row, &tok) in out.chunks(c).zip(&ids) {
         assert_eq!(row, &wte[tok as usize * c..(tok as usize + 1) * c]);
     }
@@ -471,12 +471,12 @@ fn rmsnorm_matches_its_definition_and_its_backward_finite_differences() {
 /// QK-norm and RoPE from their definitions, one head at a time: the queries and keys of each
 /// head RMS-normalised (when `norm`), then element `i` and `i + hs/2` turned by
 /// `pos · 10000^(-i / (hs/2))` (when `rope`).
-fn naive_qk(qkv: &[f32], s: rotary::Qk) -> Vec<f32> {
+fn naive_qk(qkv: &[f32], s: &rotary::Qk) -> Vec<f32> {
     let (c, hs) = (s.n_embd, s.n_embd / s.n_head);
     let half = hs / 2;
     let mut out = qkv.to_vec();
     for (row, o) in out.chunks_mut(3 * c).enumerate() {
-        let pos = (s.start + row % s.seq) as f64;
+        let pos = (cinder_kernels::start_of(&s.starts, row / s.seq) + row % s.seq) as f64;
         for head in o[..2 * c].chunks_mut(hs) {
             if let Some(eps) = s.norm_eps {
                 let ms = head.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>() / hs as f64;
@@ -502,26 +502,31 @@ fn rotary_and_qk_norm_match_their_definitions_and_backward_finite_differences() 
     let (b, t, n_head, n_embd) = (2, 5, 2, 8);
     let qkv = random(b * t * 3 * n_embd, 60);
     let r = random(qkv.len(), 61);
-    for (rope, norm_eps, start) in [(true, None, 0), (false, Some(EPS), 0), (true, Some(EPS), 3)] {
+    // Both sequences from 0, or each from its own position (texts decoded together).
+    for (rope, norm_eps, starts) in [
+        (true, None, vec![]),
+        (false, Some(EPS), vec![]),
+        (true, Some(EPS), vec![3, 7]),
+    ] {
         let s = rotary::Qk {
             n_embd,
             n_head,
             seq: t,
-            start,
+            starts: starts.clone(),
             rope,
             norm_eps,
         };
-        let what = format!("rope {rope}, norm {norm_eps:?}, start {start}");
+        let what = format!("rope {rope}, norm {norm_eps:?}, starts {starts:?}");
         let (mut out, mut rstd) = (vec![0.0; qkv.len()], vec![0.0; b * t * 2 * n_head]);
-        rotary::forward(&qkv, s, &mut out, &mut rstd);
-        assert!(max_diff(&out, &naive_qk(&qkv, s)) < 1e-5, "{what}");
+        rotary::forward(&qkv, &s, &mut out, &mut rstd);
+        assert!(max_diff(&out, &naive_qk(&qkv, &s)) < 1e-5, "{what}");
         // Values pass unchanged.
         for (o, x) in out.chunks(3 * n_embd).zip(qkv.chunks(3 * n_embd)) {
             assert_eq!(o[2 * n_embd..], x[2 * n_embd..], "{what}");
         }
         let mut dqkv = vec![9.0; qkv.len()];
-        rotary::backward(&r, &out, &rstd, s, &mut dqkv);
-        let loss = |x: &[f32]| weighted_sum(&naive_qk(x, s), &r);
+        rotary::backward(&r, &out, &rstd, &s, &mut dqkv);
+        let loss = |x: &[f32]| weighted_sum(&naive_qk(x, &s), &r);
         check_gradient(&what, loss, &qkv, &dqkv, 0..qkv.len());
     }
 }

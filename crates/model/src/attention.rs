@@ -13,6 +13,7 @@ use crate::cache::{KvCache, LayerKv};
 #[cfg(feature = "flex")]
 use crate::ops::fused;
 use crate::ops::{self, Pass, Site, fused_or};
+use cinder_kernels::start_of;
 
 /// What a pass through the blocks keeps besides the residual stream: the one switch between
 /// training and evaluation, cached sampling, and `inspect`'s attention maps.
@@ -27,11 +28,11 @@ pub(crate) enum Keep<'a> {
 }
 
 impl Keep<'_> {
-    /// The position of the pass's first token.
-    pub fn start(&self) -> usize {
+    /// Each row's first position in a pass over `rows` rows (none when all start at 0).
+    pub fn starts(&self, rows: usize) -> Vec<usize> {
         match self {
-            Keep::Cache(cache) => cache.len(),
-            _ => 0,
+            Keep::Cache(cache) => cache.starts(rows),
+            _ => Vec::new(),
         }
     }
 
@@ -88,14 +89,8 @@ impl CausalSelfAttention {
         keep: &mut Keep,
     ) -> Tensor<3> {
         let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, 3C)
-        let qkv = ops::rotate_qk(
-            qkv,
-            self.n_head,
-            keep.start(),
-            self.rope,
-            self.qk_norm,
-            pass,
-        );
+        let starts = keep.starts(qkv.dims()[0]);
+        let qkv = ops::rotate_qk(qkv, self.n_head, &starts, self.rope, self.qk_norm, pass);
         let last_only = keep.last_only(layer);
         let mut y = self.mix(qkv, pass, layer, keep, last_only);
         if last_only {
@@ -126,20 +121,20 @@ impl CausalSelfAttention {
                     let mask = pass.mask(&self.attn_dropout, layer, Site::AttentionWeights);
                     fused::attention(qkv, self.n_head, mask)
                 },
-                composite => self.composite(qkv, None, pass).0,
+                composite => self.composite(qkv, None, &[], pass).0,
             ),
             Keep::Cache(cache) => {
-                let start = cache.len();
+                let starts = cache.starts(qkv.dims()[0]);
                 let kv = cache.take(layer, &qkv);
                 let (y, kv) = fused_or!(pass.fused,
-                    fused => fused::cached_attention(qkv, kv, start, self.n_head, last_only),
-                    composite => self.composite_cached(qkv, kv, start, pass),
+                    fused => fused::cached_attention(qkv, kv, &starts, self.n_head, last_only),
+                    composite => self.composite_cached(qkv, kv, &starts, pass),
                 );
                 cache.put(layer, kv);
                 y
             }
             Keep::Weights(weights) => {
-                let (y, w) = self.composite(qkv, None, pass);
+                let (y, w) = self.composite(qkv, None, &[], pass);
                 weights.push(w);
                 y
             }
@@ -147,33 +142,48 @@ impl CausalSelfAttention {
     }
 
     /// The composite attention over the keys and values of the tokens seen before (`kv`, the
-    /// cache's `[B, block, C]` buffers, `start` positions filled), which are written in.
+    /// cache's `[B, block, C]` buffers, `starts[b]` positions of row `b` filled), which are
+    /// written in.
     fn composite_cached(
         &self,
         qkv: Tensor<3>,
         (keys, values): LayerKv,
-        start: usize,
+        starts: &[usize],
         pass: Pass,
     ) -> (Tensor<3>, LayerKv) {
         let [b, t, c3] = qkv.dims();
         let c = c3 / 3;
-        let write = |buffer: Tensor<3>, part: usize| {
+        let write = |mut buffer: Tensor<3>, part: usize| {
             let new = qkv.clone().narrow(2, part * c, c); // (B, T, C)
-            buffer.slice_assign([0..b, start..start + t, 0..c], new)
+            if starts
+                .iter()
+                .all(|&s| s == starts.first().copied().unwrap_or(0))
+            {
+                let s = start_of(starts, 0);
+                return buffer.slice_assign([0..b, s..s + t, 0..c], new);
+            }
+            for (r, &s) in starts.iter().enumerate() {
+                let row = new.clone().narrow(0, r, 1);
+                buffer = buffer.slice_assign([r..r + 1, s..s + t, 0..c], row);
+            }
+            buffer
         };
         let (keys, values) = (write(keys, 1), write(values, 2));
-        let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, start + t);
-        let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), pass);
+        let end = starts.iter().max().copied().unwrap_or(0) + t;
+        let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, end);
+        let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), starts, pass);
         (y, (keys, values))
     }
 
     /// The composite attention of the `[B, T, 3C]` projection `qkv`: the mix `[B, T, C]` and
     /// the weights `[B, H, T, T_keys]`. Its keys and values are `qkv`'s own, or `kv`,
-    /// `[B, T_keys, C]` each, which end with `qkv`'s.
+    /// `[B, T_keys, C]` each, in which row `b`'s new tokens sit from position `starts[b]`
+    /// (none: each row's end, `T_keys - T`).
     fn composite(
         &self,
         qkv: Tensor<3>,
         kv: Option<(Tensor<3>, Tensor<3>)>,
+        starts: &[usize],
         pass: Pass,
     ) -> (Tensor<3>, Tensor<4>) {
         let [b, t, c3] = qkv.dims();
@@ -190,10 +200,20 @@ impl CausalSelfAttention {
         let t_keys = k.dims()[2];
 
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hs as f64).sqrt()); // (B, H, T, T_keys)
-        // Query i sits at position (t_keys - t + i): it may see keys up to that position.
-        let future =
-            Tensor::<2, Bool>::tril_mask([t, t_keys], (t_keys - t) as i64, &scores.device())
-                .reshape([1, 1, t, t_keys]);
+        let device = scores.device();
+        let uniform = starts.iter().all(|&s| s + t == t_keys);
+        let future = if uniform {
+            // Query i sits at position (t_keys - t + i): it may see keys up to that position.
+            Tensor::<2, Bool>::tril_mask([t, t_keys], (t_keys - t) as i64, &device)
+                .reshape([1, 1, t, t_keys])
+        } else {
+            // Each row's query i sits at its own position starts[b] + i; the keys after it
+            // (later tokens, or a shorter row's unwritten end) are masked.
+            let hidden: Vec<bool> = (0..b)
+                .flat_map(|r| (0..t).flat_map(move |i| (0..t_keys).map(move |j| j > starts[r] + i)))
+                .collect();
+            Tensor::<4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, t_keys]), &device)
+        };
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let weights = softmax(scores, 3); // (B, H, T, T_keys), rows sum to 1
         let y = pass

@@ -6,18 +6,22 @@ use burn::prelude::*;
 /// [`KvCache::len`] positions are filled.
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 
-/// Keys and values of every layer for the tokens already fed through [`crate::Gpt::forward_cached`].
+/// Keys and values of every layer for the tokens already fed through [`crate::Gpt::forward_cached`],
+/// one row per text.
 ///
 /// The buffers are allocated once, for `block_size` positions (the learned position
 /// embeddings), and written in place by the fused layers (by `slice_assign` on the composite
-/// ones); a sampler that needs to go further clears the cache and starts again over the last
-/// window.
+/// ones). Each row holds its own number of positions: texts decoded together may have started
+/// at different times. Rows leave ([`KvCache::retain_rows`]) and join ([`KvCache::append`])
+/// between passes. A sampler that needs to go past `block_size` clears the cache and starts
+/// again over the last window.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
     /// Positions the buffers hold (the model's context).
     block_size: usize,
-    len: usize,
+    /// Positions each row holds (the position of its next token); none before the first pass.
+    lens: Vec<usize>,
 }
 
 impl KvCache {
@@ -27,23 +31,28 @@ impl KvCache {
         Self {
             layers: vec![None; n_layer],
             block_size,
-            len: 0,
+            lens: Vec::new(),
         }
     }
 
-    /// Number of positions cached (the position of the next token).
-    pub fn len(&self) -> usize {
-        self.len
+    /// Positions each row holds (the position of its next token).
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    /// Rows (texts) held.
+    pub fn rows(&self) -> usize {
+        self.lens.len()
     }
 
     /// Whether no token has been seen yet.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.lens.iter().all(|&len| len == 0)
     }
 
-    /// Forgets every position, keeping the buffers for reuse.
+    /// Forgets every row and position, keeping the buffers for reuse.
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.lens.clear();
     }
 
     /// Number of layers.
@@ -51,14 +60,28 @@ impl KvCache {
         self.layers.len()
     }
 
-    /// Records that a pass added `t_new` positions.
-    pub(crate) fn advance(&mut self, t_new: usize) {
-        self.len += t_new;
-    }
-
     /// Positions the cache holds at most.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// Each row's first position in a pass over `rows` rows (none when all are at 0: see
+    /// `cinder_kernels::start_of`).
+    pub(crate) fn starts(&self, rows: usize) -> Vec<usize> {
+        assert!(
+            self.lens.is_empty() || self.lens.len() == rows,
+            "a pass over a cache feeds every row it holds ({} rows, not {rows})",
+            self.lens.len()
+        );
+        self.lens.clone()
+    }
+
+    /// Records that a pass added `t_new` positions to each of `rows` rows.
+    pub(crate) fn advance(&mut self, rows: usize, t_new: usize) {
+        if self.lens.is_empty() {
+            self.lens = vec![0; rows];
+        }
+        self.lens.iter_mut().for_each(|len| *len += t_new);
     }
 
     /// The buffers of `layer` for the `[B, T, 3C]` projection `qkv`: the cache's own while
@@ -78,5 +101,51 @@ impl KvCache {
     /// Gives back `layer`'s buffers, written by the pass.
     pub(crate) fn put(&mut self, layer: usize, kv: LayerKv) {
         self.layers[layer] = Some(kv);
+    }
+
+    /// Keeps the rows `keep` (indices into the rows held), in that order: texts that ended
+    /// leave.
+    pub fn retain_rows(&mut self, keep: &[usize]) {
+        if keep.iter().copied().eq(0..self.rows()) {
+            return; // all of them, in order
+        }
+        self.lens = keep.iter().map(|&r| self.lens[r]).collect();
+        for kv in self.layers.iter_mut() {
+            if keep.is_empty() {
+                *kv = None;
+            } else if let Some((k, v)) = kv.take() {
+                let device = k.device();
+                let rows: Vec<i64> = keep.iter().map(|&r| r as i64).collect();
+                let rows =
+                    Tensor::<1, Int>::from_data(TensorData::new(rows, [keep.len()]), &device);
+                *kv = Some((k.select(0, rows.clone()), v.select(0, rows)));
+            }
+        }
+    }
+
+    /// Adds the rows of `other`, a cache of the same model, after these: texts that join (their
+    /// prompts run through a cache of their own first).
+    pub fn append(&mut self, other: KvCache) {
+        assert_eq!(
+            (self.n_layer(), self.block_size),
+            (other.n_layer(), other.block_size),
+            "caches of different models"
+        );
+        if self.lens.is_empty() {
+            *self = other;
+            return;
+        }
+        if other.lens.is_empty() {
+            return;
+        }
+        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
+            *mine = match (mine.take(), theirs) {
+                (Some((k, v)), Some((k2, v2))) => {
+                    Some((Tensor::cat(vec![k, k2], 0), Tensor::cat(vec![v, v2], 0)))
+                }
+                _ => panic!("a cache with rows has every layer's buffers"),
+            };
+        }
+        self.lens.extend(other.lens);
     }
 }

@@ -74,13 +74,15 @@ impl Gpt {
         (logits, weights)
     }
 
-    /// Logits of the token after the last of `idx`, which follows the tokens already in `cache`;
-    /// the cache is extended. Gives the last position's logits of [`Gpt::forward`] over all the
-    /// tokens seen. Only the last position goes through the last block's attention output and
-    /// MLP; on the fused path, small passes run on one thread.
+    /// Logits of the token after the last of each row of `idx`, whose tokens follow those its
+    /// row of `cache` holds (each row its own number); the cache is extended. Gives each row's
+    /// last logits of [`Gpt::forward`] over all the tokens of that row. Only the last position
+    /// goes through the last block's attention output and MLP; on the fused path, small passes
+    /// run on one thread.
     ///
     /// # Shapes
-    /// - idx: `[B, T_new]`, with `cache.len() + T_new <= block_size`
+    /// - idx: `[B, T_new]`, `B` the rows the cache holds (any, when it is empty), each with
+    ///   `cache.lens()[b] + T_new <= block_size`
     /// - output: `[B, vocab_size]`
     pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
         let [b, t_new] = idx.dims();
@@ -89,7 +91,10 @@ impl Gpt {
             "a cache made for another model (KvCache::new(model.n_layer(), model.block_size()))"
         );
         assert!(
-            cache.len() + t_new <= self.block_size(),
+            cache
+                .lens()
+                .iter()
+                .all(|&len| len + t_new <= self.block_size()),
             "the cache holds at most block_size positions"
         );
         let pass = self.pass(&idx.device(), None);
@@ -109,7 +114,7 @@ impl Gpt {
         } else {
             in_pool(pass, run)
         };
-        cache.advance(t_new);
+        cache.advance(b, t_new);
         logits.reshape([b, self.vocab_size()])
     }
 
@@ -181,15 +186,8 @@ impl Gpt {
     /// through here; `keep` says what it keeps besides (a cache, attention weights).
     fn trunk(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
         let (wpe, normalise) = (self.wpe.as_ref(), self.config.norm == Norm::Rmsnorm);
-        let mut x = ops::embed(
-            &self.wte,
-            wpe,
-            normalise,
-            &self.drop,
-            idx,
-            keep.start(),
-            pass,
-        );
+        let starts = keep.starts(idx.dims()[0]);
+        let mut x = ops::embed(&self.wte, wpe, normalise, &self.drop, idx, &starts, pass);
         for (layer, block) in self.blocks.iter().enumerate() {
             x = block.forward(x, pass, layer, keep);
         }

@@ -204,7 +204,7 @@ fn cached_logits_equal_full_forward() {
             cached.push(to_vec(model.forward_cached(next, &mut cache)));
             full_rows.push(at(t));
         }
-        assert_eq!(cache.len(), 8);
+        assert_eq!(cache.lens(), [8, 8]);
         let diff = max_abs_diff(&full_rows.concat(), &cached.concat());
         assert!(diff < 1e-4, "{ops_and}: max difference {diff}");
         // A cleared cache starts again from position 0.

@@ -1,28 +1,31 @@
-//! The generation worker: one thread owns the loaded models and runs one completion request at
-//! a time, taken from a bounded queue; it reports each request's text, choice by choice, as
-//! events on a channel of its own.
+//! The generation worker: one thread owns the loaded models and decodes the completion requests
+//! of one model together, taken from a bounded queue. Requests join and leave the batch at token
+//! boundaries, each row (a choice of a prompt) at its own position in the model's key/value
+//! cache: one forward pass per token serves every client. Each request's text goes, choice by
+//! choice, as events on a channel of its own.
 //!
-//! A prompt's choices (`n` of them) are `generate`'s samples, decoded as one batch, so that a
-//! seed gives `generate --seed`'s text. Stop strings are matched on the
-//! decoded text; while a choice streams, text that may be the start of a stop string is held
-//! back until it is known not to be.
+//! A prompt's choices (`n` of them) are `generate`'s samples: rows of one decoder, each prompt
+//! with `generate`'s random stream for the seed, so that a seed gives `generate --seed`'s text.
+//! Stop strings are matched on the decoded text; while a choice streams, text that may be the
+//! start of a stop string is held back until it is known not to be.
 
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
-use std::ops::ControlFlow;
-use std::panic::AssertUnwindSafe;
-
 use cinder::inspect::AttentionMaps;
-use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::sampling::generate::Decoder;
 use cinder::sampling::{DEFAULT_PROMPT, SamplingParams};
-use cinder_data::TextStream;
+use cinder_data::{TextStream, Tokenizer};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 use crate::api::ApiError;
-use crate::models::Models;
+use crate::models::{Loaded, Models};
 
 /// What a completion request asks the worker for.
 #[derive(Debug, Clone)]
@@ -51,7 +54,8 @@ pub enum Finish {
 }
 
 /// What the worker reports about a job, in this order: `Started` (or `Failed`), `Text` and
-/// `Finished` for each choice (indexed prompt by prompt, `n` per prompt), then `Done`.
+/// `Finished` for each choice (indexed prompt by prompt, `n` per prompt), then `Done` (or
+/// `Failed`, past the time limit).
 #[derive(Debug)]
 pub enum Event {
     Started { prompt_tokens: usize },
@@ -79,24 +83,32 @@ enum Work {
 /// Counters the web server reads: how busy the worker is, and whether the server is stopping.
 #[derive(Debug, Default)]
 pub struct Load {
-    /// Jobs submitted and not yet done (the one generating included).
+    /// Requests submitted and not yet done (those generating included).
     pending: AtomicUsize,
-    /// 1 while a job generates.
+    /// Requests generating now.
     active: AtomicUsize,
     pub stopping: AtomicBool,
 }
 
 impl Load {
-    /// The job generating now (0 or 1).
+    /// Requests generating now.
     pub fn active(&self) -> usize {
         self.active.load(Ordering::SeqCst)
     }
 
-    /// Jobs waiting for the worker.
+    /// Requests waiting for the worker.
     pub fn queued(&self) -> usize {
         self.pending
             .load(Ordering::SeqCst)
             .saturating_sub(self.active())
+    }
+
+    /// A request is over: its place is free (before its client hears so).
+    fn done(&self, was_active: bool) {
+        if was_active {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -104,29 +116,40 @@ impl Load {
 #[derive(Clone)]
 pub struct Queue {
     work: mpsc::Sender<Work>,
-    capacity: usize,
+    /// Requests taken at once: `max_batch` generating and `capacity` waiting.
+    room: usize,
     pub load: Arc<Load>,
 }
 
 impl Queue {
-    /// Starts the worker thread over `models`, with room for `capacity` waiting jobs.
-    pub fn start(models: Models, capacity: usize) -> Self {
+    /// Starts the worker thread over `models`: at most `max_batch` requests decoded together,
+    /// and room for `capacity` more waiting.
+    pub fn start(models: Models, max_batch: usize, capacity: usize) -> Self {
         let (sender, inbox) = mpsc::channel();
         let load = Arc::new(Load::default());
         let worker_load = load.clone();
         std::thread::Builder::new()
             .name("generation".into())
-            .spawn(move || work(models, inbox, &worker_load))
+            .spawn(move || {
+                Worker {
+                    models,
+                    inbox,
+                    waiting: VecDeque::new(),
+                    load: &worker_load,
+                    max_batch: max_batch.max(1),
+                }
+                .run()
+            })
             .expect("the generation thread starts");
         Self {
             work: sender,
-            capacity,
+            room: max_batch.max(1) + capacity,
             load,
         }
     }
 
-    /// Queues `job`, whose events go to `events`; refused (429) if `capacity` requests wait
-    /// already besides the one being served.
+    /// Queues `job`, whose events go to `events`; refused (429) when the batch and the queue
+    /// are full.
     pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> Result<(), ApiError> {
         self.enqueue(Work::Complete(job, events))
     }
@@ -144,10 +167,10 @@ impl Queue {
     fn enqueue(&self, work: Work) -> Result<(), ApiError> {
         let pending = &self.load.pending;
         let taken = pending.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-            (p <= self.capacity).then_some(p + 1)
+            (p < self.room).then_some(p + 1)
         });
         if let Err(p) = taken {
-            return Err(ApiError::busy(p.saturating_sub(1)));
+            return Err(ApiError::busy(p.saturating_sub(self.load.active())));
         }
         if self.work.send(work).is_err() {
             pending.fetch_sub(1, Ordering::SeqCst);
@@ -157,43 +180,128 @@ impl Queue {
     }
 }
 
-/// The client went away: its events have nowhere to go.
-struct Gone;
+/// The generation thread's state.
+struct Worker<'l> {
+    models: Models,
+    inbox: mpsc::Receiver<Work>,
+    /// Work taken from the inbox while a batch of another model ran: served first.
+    waiting: VecDeque<Work>,
+    load: &'l Load,
+    max_batch: usize,
+}
 
-fn work(mut models: Models, inbox: mpsc::Receiver<Work>, load: &Load) {
-    for work in inbox {
-        load.active.store(1, Ordering::SeqCst);
-        // A panic in Burn (a model that does not fit in memory, say) fails this request, not
-        // the worker.
-        let failed = || ApiError::server("generation failed: see the server's log".into());
-        match work {
-            Work::Complete(job, events) => {
-                let outcome = if load.stopping.load(Ordering::SeqCst) {
-                    Err(ApiError::stopping())
-                } else if events.is_closed() {
-                    Ok(None) // the client left while it waited
-                } else {
-                    let run = AssertUnwindSafe(|| complete(&mut models, &job, &events, load));
-                    std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()))
-                };
-                // The place is free before the client hears that its request is done.
-                load.active.store(0, Ordering::SeqCst);
-                load.pending.fetch_sub(1, Ordering::SeqCst);
-                let _ = match outcome {
-                    Ok(Some(completion_tokens)) => events.send(Event::Done { completion_tokens }),
-                    Ok(None) => Ok(()),
-                    Err(e) => events.send(Event::Failed(e)),
-                };
-            }
-            Work::Attention { model, text, reply } => {
-                let run = AssertUnwindSafe(|| attention(&mut models, &model, &text));
-                let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()));
-                load.active.store(0, Ordering::SeqCst);
-                load.pending.fetch_sub(1, Ordering::SeqCst);
-                let _ = reply.send(outcome);
+impl Worker<'_> {
+    fn run(mut self) {
+        loop {
+            let work = match self.waiting.pop_front() {
+                Some(work) => work,
+                None => match self.inbox.recv() {
+                    Ok(work) => work,
+                    Err(_) => return, // the server is gone
+                },
+            };
+            self.load.active.fetch_add(1, Ordering::SeqCst);
+            match work {
+                Work::Attention { model, text, reply } => {
+                    let run = AssertUnwindSafe(|| attention(&mut self.models, &model, &text));
+                    let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()));
+                    self.load.done(true);
+                    let _ = reply.send(outcome);
+                }
+                Work::Complete(job, events) => match self.models.get(&job.model) {
+                    Ok(model) => self.batch(model, job, events),
+                    Err(e) => {
+                        self.load.done(true);
+                        let _ = events.send(Event::Failed(e));
+                    }
+                },
             }
         }
     }
+
+    /// Decodes `first` and the requests for its model that arrive meanwhile (up to
+    /// `max_batch` at once), until none is left. A request for another model, or for a newer
+    /// checkpoint of this one, closes the batch to newcomers: it is served next.
+    fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
+        let id = first.model.clone();
+        let mut decoder = Decoder::new(&model.gpt, true, &model.device);
+        let mut running: Vec<Running> = Vec::new();
+        let mut next = Some((first, events)); // counted active already
+        let mut closed = false;
+        loop {
+            // Newcomers join at a token boundary.
+            while running.len() < self.max_batch && !closed {
+                let (job, events) = match next.take() {
+                    Some(first) => first,
+                    None => match self.inbox.try_recv() {
+                        Ok(Work::Complete(job, events))
+                            if job.model == id && self.models.is_current(&id, &model) =>
+                        {
+                            self.load.active.fetch_add(1, Ordering::SeqCst);
+                            (job, events)
+                        }
+                        Ok(other) => {
+                            self.waiting.push_back(other);
+                            closed = true;
+                            break;
+                        }
+                        Err(_) => break,
+                    },
+                };
+                match Running::admit(job, events, &model.tokenizer, self.load) {
+                    Ok(Some(request)) => {
+                        decoder.join(request.rows());
+                        running.push(request);
+                    }
+                    Ok(None) => self.load.done(true), // the client left while it waited
+                    Err((events, e)) => {
+                        self.load.done(true);
+                        let _ = events.send(Event::Failed(e));
+                    }
+                }
+            }
+            if running.is_empty() {
+                return;
+            }
+            let step = AssertUnwindSafe(|| decoder.next_logits());
+            let Ok(logits) = std::panic::catch_unwind(step) else {
+                // A panic in Burn (memory, say) fails these requests, not the worker.
+                for request in running {
+                    self.load.done(true);
+                    let _ = request.events.send(Event::Failed(failed()));
+                }
+                return;
+            };
+            let v = logits.len() / decoder.rows();
+            let pickable = model.tokenizer.vocab_size().min(v);
+            let stopping = self.load.stopping.load(Ordering::SeqCst);
+            let mut row = 0;
+            let mut ended = Vec::new();
+            for (i, request) in running.iter_mut().enumerate() {
+                let rows = row..row + request.row_count();
+                row = rows.end;
+                for (r, token) in
+                    rows.clone()
+                        .zip(request.pick(&logits[rows.start * v..], v, pickable))
+                {
+                    decoder.push(r, token);
+                }
+                if let Some(end) = request.end(stopping) {
+                    ended.push((i, rows, end));
+                }
+            }
+            // Ended requests leave, last first, so that the rows before stay where they are.
+            for (i, rows, end) in ended.into_iter().rev() {
+                decoder.leave(rows);
+                let request = running.remove(i);
+                request.finish(end, self.load);
+            }
+        }
+    }
+}
+
+fn failed() -> ApiError {
+    ApiError::server("generation failed: see the server's log".into())
 }
 
 /// `inspect`'s attention maps of the first [`MAX_ATTENTION_TOKENS`] tokens of `text` (at most
@@ -224,98 +332,178 @@ fn attention(models: &mut Models, id: &str, text: &str) -> Result<AttentionMaps,
     ))
 }
 
-/// Runs `job`, reporting its text on `events`, and returns the tokens written (`None` when the
-/// client went away). An error comes before any text.
-fn complete(
-    models: &mut Models,
-    job: &Job,
-    events: &UnboundedSender<Event>,
-    load: &Load,
-) -> Result<Option<usize>, ApiError> {
-    let model = models.get(&job.model)?;
-    let tokenizer = &model.tokenizer;
-    if Instant::now() >= job.deadline {
-        return Err(ApiError::timeout());
-    }
-    let mut prompts = Vec::with_capacity(job.prompts.len());
-    for (i, prompt) in job.prompts.iter().enumerate() {
-        // An empty prompt samples from the start, as `generate` does without one.
-        let prompt = if prompt.is_empty() {
-            DEFAULT_PROMPT
-        } else {
-            prompt
-        };
-        let text: String = cinder_data::normalized_chars(prompt).collect();
-        let ids = tokenizer.encode(&text).map_err(|e| {
-            ApiError::invalid("prompt", format!("prompt {i} does not fit the model: {e}"))
-        })?;
-        prompts.push(ids);
-    }
-    let send = |event: Event| events.send(event).map_err(|_| Gone);
-    let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    let mut timed_out = false;
-    let mut run = || -> Result<usize, Gone> {
-        send(Event::Started { prompt_tokens })?;
-        let mut completion_tokens = 0;
-        for (p, prompt) in prompts.iter().enumerate() {
-            // Each prompt's choices are `generate --seed`'s samples of it.
-            let opts = GenerateOptions {
-                max_new_tokens: job.max_tokens,
-                num_samples: job.n,
-                sampling: job.sampling,
-                seed: job.seed,
-                use_cache: true,
-                tokens: tokenizer.vocab_size(),
+/// How a request left the batch.
+enum End {
+    /// Every choice ended, or `max_tokens` were written, or the server is stopping.
+    Complete,
+    /// Past its time limit.
+    TimedOut,
+    /// Its client went away.
+    Gone,
+}
+
+/// A request being decoded: its rows are consecutive in the decoder, prompt after prompt, `n`
+/// per prompt.
+struct Running<'t> {
+    job: Job,
+    events: UnboundedSender<Event>,
+    /// Each prompt's tokens, its random stream (`generate`'s for the seed) and its choices.
+    prompts: Vec<(Vec<u32>, ChaCha8Rng, Vec<Choice<'t>>)>,
+    /// Tokens written to each row.
+    steps: usize,
+    completion_tokens: usize,
+    gone: bool,
+}
+
+impl<'t> Running<'t> {
+    /// The request `job`, its prompts encoded, `Started` sent; `None` if its client left; an
+    /// error (with the events' sender) if it cannot be served.
+    #[allow(clippy::result_large_err)]
+    fn admit(
+        job: Job,
+        events: UnboundedSender<Event>,
+        tokenizer: &'t Tokenizer,
+        load: &Load,
+    ) -> Result<Option<Self>, (UnboundedSender<Event>, ApiError)> {
+        if load.stopping.load(Ordering::SeqCst) {
+            return Err((events, ApiError::stopping()));
+        }
+        if events.is_closed() {
+            return Ok(None);
+        }
+        if Instant::now() >= job.deadline {
+            return Err((events, ApiError::timeout()));
+        }
+        let mut prompts = Vec::with_capacity(job.prompts.len());
+        for (i, prompt) in job.prompts.iter().enumerate() {
+            // An empty prompt samples from the start, as `generate` does without one.
+            let prompt = if prompt.is_empty() {
+                DEFAULT_PROMPT
+            } else {
+                prompt
             };
-            let mut choices: Vec<Choice> = (0..job.n)
-                .map(|c| Choice::new(p * job.n + c, tokenizer, &job.stop))
+            let text: String = cinder_data::normalized_chars(prompt).collect();
+            let ids = match tokenizer.encode(&text) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    let message = format!("prompt {i} does not fit the model: {e}");
+                    return Err((events, ApiError::invalid("prompt", message)));
+                }
+            };
+            let choices = (0..job.n)
+                .map(|c| Choice::new(i * job.n + c, tokenizer, &job.stop))
                 .collect();
-            let mut gone = false;
-            generate(&model.gpt, prompt, &opts, &model.device, |c, token| {
-                let choice = &mut choices[c];
+            prompts.push((ids, ChaCha8Rng::seed_from_u64(job.seed), choices));
+        }
+        let prompt_tokens = prompts.iter().map(|(ids, _, _)| ids.len()).sum();
+        if events.send(Event::Started { prompt_tokens }).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            job,
+            events,
+            prompts,
+            steps: 0,
+            completion_tokens: 0,
+            gone: false,
+        }))
+    }
+
+    /// The texts of its rows, prompt by prompt, `n` each.
+    fn rows(&self) -> Vec<Vec<u32>> {
+        self.prompts
+            .iter()
+            .flat_map(|(ids, _, choices)| choices.iter().map(|_| ids.clone()))
+            .collect()
+    }
+
+    fn row_count(&self) -> usize {
+        self.prompts.len() * self.job.n
+    }
+
+    /// Picks each row's next token from `logits` (`V` per row, from this request's first row;
+    /// the first `pickable` may be picked), as `generate` does, and sends what it makes of the
+    /// choices' text. Returns the tokens, row by row.
+    fn pick(&mut self, logits: &[f32], v: usize, pickable: usize) -> Vec<u32> {
+        let mut tokens = Vec::with_capacity(self.row_count());
+        let sampling = self.job.sampling;
+        let mut row = 0;
+        for (_, rng, choices) in &mut self.prompts {
+            for choice in choices.iter_mut() {
+                let token = sampling.pick(&logits[row * v..row * v + pickable], rng);
+                row += 1;
+                tokens.push(token);
                 if !choice.finished {
-                    completion_tokens += 1;
-                    gone |= choice.push(token, &send).is_err();
+                    self.completion_tokens += 1;
+                    self.gone |= choice.push(token, &self.events).is_err();
                 }
-                timed_out = Instant::now() >= job.deadline;
-                let over = gone
-                    || timed_out
-                    || events.is_closed()
-                    || load.stopping.load(Ordering::SeqCst)
-                    || choices.iter().all(|c| c.finished);
-                if over {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            });
-            if gone || timed_out || events.is_closed() {
-                return Err(Gone);
-            }
-            for choice in choices {
-                choice.finish(&send)?;
             }
         }
-        Ok(completion_tokens)
-    };
-    let written = run().ok();
-    if timed_out {
-        // What was streamed stays with the client; the error ends the stream.
-        return Err(ApiError::timeout());
+        self.steps += 1;
+        tokens
     }
-    Ok(written)
+
+    /// Whether the request is over after this step, and how.
+    fn end(&self, stopping: bool) -> Option<End> {
+        let all_finished = self
+            .prompts
+            .iter()
+            .all(|(_, _, choices)| choices.iter().all(|c| c.finished));
+        if self.gone || self.events.is_closed() {
+            Some(End::Gone)
+        } else if Instant::now() >= self.job.deadline {
+            Some(End::TimedOut)
+        } else if stopping || all_finished || self.steps == self.job.max_tokens {
+            Some(End::Complete)
+        } else {
+            None
+        }
+    }
+
+    /// Ends the choices, frees the request's place, then tells its client.
+    fn finish(self, end: End, load: &Load) {
+        let Self {
+            events,
+            prompts,
+            completion_tokens,
+            ..
+        } = self;
+        match end {
+            End::Gone => load.done(true),
+            End::TimedOut => {
+                load.done(true);
+                // What was streamed stays with the client; the error ends the stream.
+                let _ = events.send(Event::Failed(ApiError::timeout()));
+            }
+            End::Complete => {
+                let mut gone = false;
+                for (_, _, choices) in prompts {
+                    for choice in choices {
+                        gone |= choice.finish(&events).is_err();
+                    }
+                }
+                load.done(true);
+                if !gone {
+                    let _ = events.send(Event::Done { completion_tokens });
+                }
+            }
+        }
+    }
 }
+
+/// The client went away: its events have nowhere to go.
+struct Gone;
 
 /// One choice being generated: its text decoded so far, held back from a stop string.
 struct Choice<'a> {
     index: usize,
     stream: TextStream<'a>,
-    held: StopMatcher<'a>,
+    held: StopMatcher,
     finished: bool,
 }
 
 impl<'a> Choice<'a> {
-    fn new(index: usize, tokenizer: &'a cinder_data::Tokenizer, stop: &'a [String]) -> Self {
+    fn new(index: usize, tokenizer: &'a Tokenizer, stop: &[String]) -> Self {
         Self {
             index,
             stream: TextStream::new(tokenizer),
@@ -324,26 +512,26 @@ impl<'a> Choice<'a> {
         }
     }
 
-    fn push(&mut self, token: u32, send: &impl Fn(Event) -> Result<(), Gone>) -> Result<(), Gone> {
+    fn send(events: &UnboundedSender<Event>, event: Event) -> Result<(), Gone> {
+        events.send(event).map_err(|_| Gone)
+    }
+
+    fn push(&mut self, token: u32, events: &UnboundedSender<Event>) -> Result<(), Gone> {
         let (text, stopped) = self.held.push(&self.stream.push(token));
         if !text.is_empty() {
-            send(Event::Text {
-                index: self.index,
-                text,
-            })?;
+            let index = self.index;
+            Self::send(events, Event::Text { index, text })?;
         }
         if stopped {
             self.finished = true;
-            send(Event::Finished {
-                index: self.index,
-                reason: Finish::Stop,
-            })?;
+            let (index, reason) = (self.index, Finish::Stop);
+            Self::send(events, Event::Finished { index, reason })?;
         }
         Ok(())
     }
 
     /// Ends a choice that met no stop string: what was held back is text after all.
-    fn finish(mut self, send: &impl Fn(Event) -> Result<(), Gone>) -> Result<(), Gone> {
+    fn finish(mut self, events: &UnboundedSender<Event>) -> Result<(), Gone> {
         if self.finished {
             return Ok(());
         }
@@ -351,35 +539,30 @@ impl<'a> Choice<'a> {
         if !stopped {
             text.push_str(&self.held.release());
         }
+        let index = self.index;
         if !text.is_empty() {
-            send(Event::Text {
-                index: self.index,
-                text,
-            })?;
+            Self::send(events, Event::Text { index, text })?;
         }
         let reason = if stopped {
             Finish::Stop
         } else {
             Finish::Length
         };
-        send(Event::Finished {
-            index: self.index,
-            reason,
-        })
+        Self::send(events, Event::Finished { index, reason })
     }
 }
 
 /// Finds stop strings in a growing text, holding back the end that may begin one.
 #[derive(Debug)]
-pub struct StopMatcher<'a> {
-    stop: &'a [String],
+pub struct StopMatcher {
+    stop: Vec<String>,
     held: String,
 }
 
-impl<'a> StopMatcher<'a> {
-    pub fn new(stop: &'a [String]) -> Self {
+impl StopMatcher {
+    pub fn new(stop: &[String]) -> Self {
         Self {
-            stop,
+            stop: stop.to_vec(),
             held: String::new(),
         }
     }

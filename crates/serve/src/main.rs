@@ -33,7 +33,8 @@ use clap::Parser;
 /// It offers every run folder under --runs (its best/ checkpoint, else latest/), with the run's
 /// path under --runs as its id, and every folder named with --checkpoint, with the folder's name
 /// as its id; runs created later are found too. Models load on first use, and again when their
-/// run writes a newer checkpoint. One request generates at a time; the others wait in a queue.
+/// run writes a newer checkpoint. Requests for one model are decoded together (up to
+/// --max-batch), joining and leaving at token boundaries; the others wait in a queue.
 /// Ctrl-C stops: open completions end at once with finish_reason "length".
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
@@ -62,7 +63,10 @@ struct Args {
     /// Models kept loaded at once; the least recently used is unloaded first
     #[arg(long, default_value_t = 2)]
     max_loaded: usize,
-    /// Requests that may wait while one generates; more are refused (429)
+    /// Requests decoded together (continuous batching: one forward pass per token for all)
+    #[arg(long, default_value_t = 64)]
+    max_batch: usize,
+    /// Requests that may wait while --max-batch generate; more are refused (429)
     #[arg(long, default_value_t = 16)]
     queue: usize,
     /// The most max_tokens a request may ask for
@@ -123,7 +127,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         args.run_on.ops.into(),
     );
     let loaded = models.loaded_info.clone();
-    let queue = engine::Queue::start(models, args.queue);
+    let queue = engine::Queue::start(models, args.max_batch, args.queue);
     let load = queue.load.clone();
     let app = routes::App {
         queue,

@@ -244,6 +244,14 @@ impl Models {
         }
     }
 
+    /// Whether `model`, loaded for `id`, is what `id`'s folder holds now.
+    pub fn is_current(&self, id: &str, model: &Loaded) -> bool {
+        self.catalog.path(id).is_some_and(|path| {
+            let stamp = Stamp::of(&path);
+            stamp.is_some() && stamp == model.stamp
+        })
+    }
+
     /// The model `id` as its folder holds it now: the one in memory, or read now if it is not
     /// loaded or its run has written a newer checkpoint since (unloading the least recently
     /// used model first when `max_loaded` are). A request that holds the older model finishes

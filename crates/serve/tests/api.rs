@@ -293,6 +293,8 @@ fn a_full_queue_is_a_429_and_stopping_ends_open_streams() {
         &[
             "--runs",
             "runs",
+            "--max-batch",
+            "1",
             "--queue",
             "0",
             "--max-tokens",
@@ -412,4 +414,59 @@ fn openais_own_client_works_unchanged() {
         got["wrong_key"],
         error("AuthenticationError", 401, Value::Null, "invalid_api_key")
     );
+}
+
+#[test]
+fn concurrent_requests_are_decoded_together_each_with_generates_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let max = LONG.to_string();
+    let server = Server::start(dir.path(), &["--runs", "runs", "--max-tokens", &max]);
+    // Four open streams: all generate at once, none waits.
+    let open: Vec<_> = (0..4).map(|_| busy_stream(&server)).collect();
+    let (_, health) = server.get("/health");
+    assert_eq!(
+        health["requests"],
+        json!({"active": 4, "queued": 0}),
+        "{health}"
+    );
+    drop(open);
+
+    // Requests of different prompts, lengths, seeds and n, sent together, join and leave the
+    // batch at different steps: each text is generate's for its seed.
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: None,
+        top_p: None,
+    };
+    let cases = [
+        ("ROMEO:", 30, 1, 1),
+        ("JULIET:\nO", 12, 2, 2),
+        ("A", 25, 3, 1),
+        ("First", 7, 4, 3),
+    ];
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(prompt, tokens, seed, n)| {
+                let server = &server;
+                scope.spawn(move || {
+                    let request = json!({"model": "tiny", "prompt": prompt, "max_tokens": tokens,
+                        "temperature": 0.8, "seed": seed, "n": n});
+                    server.complete(&request)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap().1).collect()
+    });
+    for ((prompt, tokens, seed, n), answer) in cases.iter().zip(&answers) {
+        let expected = generated(&run, prompt, sampling, *n, *seed, *tokens);
+        let texts: Vec<&str> = answer["choices"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .iter()
+            .map(|c| c["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts, expected, "{prompt:?}, seed {seed}, n {n}");
+    }
 }

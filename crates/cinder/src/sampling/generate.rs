@@ -1,6 +1,7 @@
 //! Autoregressive generation, with or without the key/value cache.
 
-use std::ops::ControlFlow;
+use std::collections::BTreeMap;
+use std::ops::{ControlFlow, Range};
 
 use burn::prelude::*;
 use cinder_model::{Gpt, KvCache};
@@ -41,7 +42,8 @@ impl TokenFlow for ControlFlow<()> {
     }
 }
 
-/// Generates `num_samples` continuations of `prompt` (at least one token) as one batch, calling
+/// Generates `num_samples` continuations of `prompt` (at least one token) as rows of one
+/// [`Decoder`], calling
 /// `on_token(sample, token)` as each token is chosen; an `on_token` that returns
 /// `ControlFlow::Break` ends the generation after the current step. Returns the new tokens of
 /// every sample.
@@ -58,18 +60,18 @@ pub fn generate<F: TokenFlow>(
     );
     let n = opts.num_samples;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut texts: Vec<Vec<u32>> = vec![prompt.to_vec(); n];
     let mut decoder = Decoder::new(model, opts.use_cache, device);
+    decoder.join(vec![prompt.to_vec(); n]);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
-        let last = decoder.next_logits(&texts); // (n, V) on the host
+        let last = decoder.next_logits(); // (n, V) on the host
         let v = last.len() / n;
         let pickable = opts.tokens.min(v);
         let mut go_on = true;
-        for (s, text) in texts.iter_mut().enumerate() {
+        for (s, out) in out.iter_mut().enumerate() {
             let token = opts.sampling.pick(&last[s * v..s * v + pickable], &mut rng);
-            text.push(token);
-            out[s].push(token);
+            decoder.push(s, token);
+            out.push(token);
             go_on &= on_token(s, token).go_on();
         }
         if !go_on {
@@ -79,66 +81,167 @@ pub fn generate<F: TokenFlow>(
     out
 }
 
-/// Produces the next-token logits of growing texts, with or without the key/value cache.
+/// Produces the next-token logits of growing texts (rows) decoded together, with or without
+/// the key/value cache. Rows join and leave between steps, each at its own length: `generate`
+/// decodes its samples as rows, and a server the requests of many clients.
 ///
-/// The context is the last `block_size` tokens. With the cache, each token costs one position's
-/// work while the text fits in `block_size`; past that, the learned positions of every token in
-/// the window shift at each step, so the window is run whole (and the cache refilled) per token,
-/// which gives exactly the logits of the uncached path.
+/// A row's context is its last `block_size` tokens. With the cache, each token costs one
+/// position's work while the text fits in `block_size`; a row that joins first runs its text
+/// through a cache of its own (rows of one length together), then joins the others' cache.
+/// Past `block_size`, the learned positions of every token in the window shift at each step, so
+/// the window is run whole (and the row's cache refilled) per token, which gives exactly the
+/// logits of the uncached path; rotary positions are run the same way.
 pub struct Decoder<'a> {
     model: &'a Gpt,
-    cache: Option<KvCache>,
     device: Device,
+    /// Each row's text: every token, prompt included.
+    texts: Vec<Vec<u32>>,
+    /// The cache of the rows computed so far, in row order (`cached` says which rows).
+    cache: Option<KvCache>,
+    cached: Vec<bool>,
 }
 
 impl<'a> Decoder<'a> {
-    /// Decoding with `model` on `device`.
+    /// Decoding with `model` on `device`, no rows yet.
     pub fn new(model: &'a Gpt, use_cache: bool, device: &Device) -> Self {
         Self {
             model,
-            cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
             device: device.clone(),
+            texts: Vec::new(),
+            cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
+            cached: Vec::new(),
         }
     }
 
-    /// Logits `[B * V]` (row after row) for the token after each text. The texts are the same
-    /// length and only ever grow by one token per call.
-    pub fn next_logits(&mut self, texts: &[Vec<u32>]) -> Vec<f32> {
-        let (n, len) = (texts.len(), texts[0].len());
-        let (model, device) = (self.model, &self.device);
-        let block = model.block_size();
-        let logits = match &mut self.cache {
-            Some(cache) => {
-                // One new token on a cache that still fits; else the window, from empty.
-                let incremental = !cache.is_empty() && len == cache.len() + 1 && len <= block;
-                let start = if incremental {
-                    cache.len()
-                } else {
-                    cache.clear();
-                    len.saturating_sub(block)
-                };
-                let new = ids_tensor(&window(texts, start, len), [n, len - start], device);
-                model.forward_cached(new, cache) // (n, V)
-            }
-            None => {
-                let start = len.saturating_sub(block);
-                let ctx = ids_tensor(&window(texts, start, len), [n, len - start], device);
-                let logits = model.forward(ctx); // (n, len - start, V)
-                let [_, t, v] = logits.dims();
-                logits.slice(s![.., t - 1..t, ..]).reshape([n, v])
+    /// Rows decoded now.
+    pub fn rows(&self) -> usize {
+        self.texts.len()
+    }
+
+    /// Adds a row for each text (at least one token each) after the rows there.
+    pub fn join(&mut self, texts: impl IntoIterator<Item = Vec<u32>>) {
+        for text in texts {
+            assert!(!text.is_empty(), "a row's text holds at least one token");
+            self.texts.push(text);
+            self.cached.push(false);
+        }
+    }
+
+    /// Removes the rows `rows`; the rows after them move up.
+    pub fn leave(&mut self, rows: Range<usize>) {
+        if let Some(cache) = &mut self.cache {
+            let index = cache_index(&self.cached);
+            let keep: Vec<usize> = (0..self.texts.len())
+                .filter(|r| !rows.contains(r))
+                .filter_map(|r| index[r])
+                .collect();
+            cache.retain_rows(&keep);
+        }
+        self.texts.drain(rows.clone());
+        self.cached.drain(rows);
+    }
+
+    /// Appends `token` to row `row`'s text.
+    pub fn push(&mut self, row: usize, token: u32) {
+        self.texts[row].push(token);
+    }
+
+    /// Logits `[rows * V]` (row after row) for the token after each row's text. Each row has
+    /// grown by one token since the last call, or joined since.
+    pub fn next_logits(&mut self) -> Vec<f32> {
+        let (model, block) = (self.model, self.model.block_size());
+        let (n, v) = (self.texts.len(), model.vocab_size());
+        let mut logits = vec![0.0f32; n * v];
+        let mut put = |rows: &[usize], out: Tensor<2>| {
+            let out = out.into_data().try_to_vec::<f32>().expect("logits are f32");
+            for (&r, row) in rows.iter().zip(out.chunks_exact(v)) {
+                logits[r * v..(r + 1) * v].copy_from_slice(row);
             }
         };
+        let window = |r: usize| {
+            let text = &self.texts[r];
+            &text[text.len().saturating_sub(block)..]
+        };
+        let Some(cache) = &mut self.cache else {
+            for rows in by_window(&self.texts, block, 0..n) {
+                let t = window(rows[0]).len();
+                let tokens: Vec<u32> = rows.iter().flat_map(|&r| window(r)).copied().collect();
+                let out = model.forward(ids_tensor(&tokens, [rows.len(), t], &self.device));
+                put(
+                    &rows,
+                    out.slice(s![.., t - 1..t, ..]).reshape([rows.len(), v]),
+                );
+            }
+            return logits;
+        };
+        // Rows whose cache holds all their text but the last token go on with one position.
+        let index = cache_index(&self.cached);
+        let lens = cache.lens().to_vec();
+        let on = |r: usize| {
+            let len = self.texts[r].len();
+            index[r].is_some_and(|i| len == lens[i] + 1 && len <= block)
+        };
+        let going_on: Vec<usize> = (0..n).filter(|&r| on(r)).collect();
+        cache.retain_rows(
+            &going_on
+                .iter()
+                .filter_map(|&r| index[r])
+                .collect::<Vec<_>>(),
+        );
+        if !going_on.is_empty() {
+            let last: Vec<u32> = going_on
+                .iter()
+                .map(|&r| *self.texts[r].last().unwrap())
+                .collect();
+            let ids = ids_tensor(&last, [going_on.len(), 1], &self.device);
+            put(&going_on, model.forward_cached(ids, cache));
+        }
+        // The others run their window from an empty cache, rows of one length together, and
+        // join the cache after the rows that went on.
+        let mut order = going_on;
+        for rows in by_window(&self.texts, block, (0..n).filter(|&r| !on(r))) {
+            let t = window(rows[0]).len();
+            let tokens: Vec<u32> = rows.iter().flat_map(|&r| window(r)).copied().collect();
+            let mut own = KvCache::new(model.n_layer(), block);
+            let ids = ids_tensor(&tokens, [rows.len(), t], &self.device);
+            put(&rows, model.forward_cached(ids, &mut own));
+            cache.append(own);
+            order.extend(rows);
+        }
+        // The cache's rows back in row order.
+        if !order.is_sorted() {
+            let mut by_row: Vec<usize> = (0..order.len()).collect();
+            by_row.sort_by_key(|&i| order[i]);
+            cache.retain_rows(&by_row);
+        }
+        self.cached = vec![true; n];
         logits
-            .into_data()
-            .try_to_vec::<f32>()
-            .expect("logits are f32")
     }
 }
 
-/// Tokens `from..to` of every sample, row after row.
-fn window(texts: &[Vec<u32>], from: usize, to: usize) -> Vec<u32> {
-    texts
+/// Each row's index among the cached rows (none for a row not computed yet).
+fn cache_index(cached: &[bool]) -> Vec<Option<usize>> {
+    let mut next = 0;
+    cached
         .iter()
-        .flat_map(|t| t[from..to].iter().copied())
+        .map(|&c| {
+            c.then(|| {
+                next += 1;
+                next - 1
+            })
+        })
         .collect()
+}
+
+/// `rows` grouped by the length of their window (the last `block` tokens), in a fixed order.
+fn by_window(
+    texts: &[Vec<u32>],
+    block: usize,
+    rows: impl Iterator<Item = usize>,
+) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for r in rows {
+        groups.entry(texts[r].len().min(block)).or_default().push(r);
+    }
+    groups.into_values().collect()
 }

@@ -9,6 +9,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{gelu as composite_gelu, gelu_approximate, log_softmax};
 use cinder_kernels::dropout::{Mask, site_seed};
 use cinder_kernels::rotary::{self, Qk};
+use cinder_kernels::start_of;
 
 use crate::Activation;
 
@@ -145,24 +146,25 @@ macro_rules! fused_or {
 }
 pub(crate) use fused_or;
 
-/// Token plus (learned, when `wpe`) position embeddings for tokens from position `start`,
+/// Token plus (learned, when `wpe`) position embeddings for the tokens of each row from its
+/// position `starts[b]` (`starts` empty: all from 0; `cinder_kernels::start_of`),
 /// RMS-normalised when `normalise`, and the embedding dropout.
 ///
 /// # Shapes
-/// - idx: `[B, T]` -> `[B, T, C]`
+/// - idx: `[B, T]`, starts: `[B]` or `[0]` -> `[B, T, C]`
 pub(crate) fn embed(
     wte: &Embedding,
     wpe: Option<&Embedding>,
     normalise: bool,
     drop: &Dropout,
     idx: Tensor<2, Int>,
-    start: usize,
+    starts: &[usize],
     pass: Pass,
 ) -> Tensor<3> {
     fused_or!(pass.fused,
         fused => {
             let (wte, wpe) = (wte.weight.val(), wpe.map(|e| e.weight.val()));
-            let mut x = fused::embed(idx, wte, wpe, start);
+            let mut x = fused::embed(idx, wte, wpe, starts);
             if normalise {
                 x = fused::rms_norm(x, pass.eps);
             }
@@ -172,13 +174,17 @@ pub(crate) fn embed(
             }
         },
         composite => {
-            let t = idx.dims()[1];
+            let [b, t] = idx.dims();
             let device = idx.device();
             let mut x = wte.forward(idx);
             if let Some(wpe) = wpe {
-                let pos = Tensor::<1, Int>::arange(start as i64..(start + t) as i64, &device)
-                    .reshape([1, t]);
-                x = x + wpe.forward(pos); // (B, T, C) + (1, T, C)
+                // Each row's positions (one row for all when they all start at 0).
+                let rows = if starts.is_empty() { 1 } else { b };
+                let pos: Vec<i64> = (0..rows)
+                    .flat_map(|r| (0..t).map(move |i| (start_of(starts, r) + i) as i64))
+                    .collect();
+                let pos = Tensor::<2, Int>::from_data(TensorData::new(pos, [rows, t]), &device);
+                x = x + wpe.forward(pos); // (B, T, C) + (B or 1, T, C)
             }
             if normalise {
                 x = composite_rms_norm(x, pass.eps);
@@ -212,16 +218,16 @@ fn composite_rms_norm<const D: usize>(x: Tensor<D>, eps: f32) -> Tensor<D> {
     x / (ms + eps as f64).sqrt()
 }
 
-/// The queries and keys of attention's `[B, T, 3C]` projection, for tokens from position
-/// `start`: each head's RMS-normalised when `qk_norm`, then turned by its position when `rope`
-/// (see `cinder_kernels::rotary`). Values are unchanged.
+/// The queries and keys of attention's `[B, T, 3C]` projection, for the tokens of each row from
+/// its position `starts[b]` (as in [`embed`]): each head's RMS-normalised when `qk_norm`, then
+/// turned by its position when `rope` (see `cinder_kernels::rotary`). Values are unchanged.
 ///
 /// # Shapes
-/// - qkv: `[B, T, 3C]` -> `[B, T, 3C]`
+/// - qkv: `[B, T, 3C]`, starts: `[B]` or `[0]` -> `[B, T, 3C]`
 pub(crate) fn rotate_qk(
     qkv: Tensor<3>,
     n_head: usize,
-    start: usize,
+    starts: &[usize],
     rope: bool,
     qk_norm: bool,
     pass: Pass,
@@ -233,7 +239,7 @@ pub(crate) fn rotate_qk(
         n_embd: c,
         n_head,
         seq,
-        start,
+        starts: starts.to_vec(),
         rope,
         norm_eps: qk_norm.then_some(pass.eps),
     };
@@ -248,9 +254,16 @@ pub(crate) fn rotate_qk(
             let (c, hs) = (s.n_embd, s.n_embd / n_head);
             let half = hs / 2;
             let device = qkv.device();
-            let (cos, sin) = rotary::rope_table(start, t, hs);
+            // Each row's angles (one row for all when they all start at 0).
+            let rows = if starts.is_empty() { 1 } else { b };
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            for r in 0..rows {
+                let (c, s) = rotary::rope_table(start_of(starts, r), t, hs);
+                cos.extend(c);
+                sin.extend(s);
+            }
             let table = |v: Vec<f32>| {
-                Tensor::<4>::from_data(TensorData::new(v, [1, t, 1, half]), &device)
+                Tensor::<4>::from_data(TensorData::new(v, [rows, t, 1, half]), &device)
             };
             let (cos, sin) = (table(cos), table(sin));
             let turn = |part: usize| {

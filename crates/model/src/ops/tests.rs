@@ -322,26 +322,27 @@ fn rms_norm_matches_its_composite_version() {
 
 #[test]
 fn qk_norm_and_rope_match_their_composite_version() {
-    // (batch, seq, heads, width), rope, qk_norm, start
-    let cases = [
-        ((2, 5, 2, 16), true, false, 0),
-        ((2, 5, 2, 16), false, true, 0),
-        ((3, 7, 4, 32), true, true, 0),
-        ((1, 3, 2, 8), true, true, 5), // positions after a cache's
+    // (batch, seq, heads, width), rope, qk_norm, each row's first position
+    let cases: [(_, _, _, &[usize]); 5] = [
+        ((2, 5, 2, 16), true, false, &[]),
+        ((2, 5, 2, 16), false, true, &[]),
+        ((3, 7, 4, 32), true, true, &[]),
+        ((1, 3, 2, 8), true, true, &[5]), // positions after a cache's
+        ((3, 1, 2, 8), true, true, &[4, 0, 9]), // rows decoded together, each at its own
     ];
-    for ((b, t, h, c), rope, qk_norm, start) in cases {
+    for ((b, t, h, c), rope, qk_norm, starts) in cases {
         let qkv = random([b, t, 3 * c], 12);
         let case = |p| {
             run([qkv.clone()], |[x]| {
-                rotate_qk(x, h, start, rope, qk_norm, p)
+                rotate_qk(x, h, starts, rope, qk_norm, p)
             })
         };
-        let what = format!("rope {rope}, qk_norm {qk_norm}, start {start}, [{b}, {t}, {c}]");
+        let what = format!("rope {rope}, qk_norm {qk_norm}, starts {starts:?}, [{b}, {t}, {c}]");
         assert_close(&what, case(FUSED), case(COMPOSITE), 1e-4);
     }
     // Neither: the projection itself.
     let qkv = random([2, 5, 48], 13);
-    let same = rotate_qk(qkv.clone(), 2, 0, false, false, FUSED);
+    let same = rotate_qk(qkv.clone(), 2, &[], false, false, FUSED);
     assert_eq!(values(&same), values(&qkv));
 }
 
@@ -372,7 +373,7 @@ fn embedding_and_head_loss_match_burn() {
             };
             let head = if modern { &own_head } else { &wte.weight };
             let softcap = if modern { 2.0 } else { 0.0 };
-            let x = embed(&wte, wpe, modern, &drop, idx.clone(), 0, pass);
+            let x = embed(&wte, wpe, modern, &drop, idx.clone(), &[], pass);
             let x = norm(ln, x, pass);
             let loss = head_loss(head.val(), softcap, x, targets.clone(), pass);
             let g = loss.clone().backward();

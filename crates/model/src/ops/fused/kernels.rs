@@ -77,7 +77,8 @@ pub(super) fn present(t: &FlexTensor) -> bool {
 pub(super) struct Embed {
     pub ids: Vec<u32>,
     pub seq: usize,
-    pub start: usize,
+    /// Each sequence's first position (`cinder_kernels::start_of`).
+    pub starts: Vec<usize>,
 }
 
 impl Kernel<2> for Embed {
@@ -92,7 +93,7 @@ impl Kernel<2> for Embed {
         embedding::forward(
             &self.ids,
             seq,
-            self.start,
+            &self.starts,
             &floats(wte),
             &floats(wpe),
             &mut out,
@@ -107,7 +108,10 @@ impl Kernel<2> for Embed {
         grad: FlexTensor,
         _: [bool; 2],
     ) -> [Option<FlexTensor>; 2] {
-        assert_eq!(self.start, 0, "the embeddings train from position 0");
+        assert!(
+            self.starts.iter().all(|&p| p == 0),
+            "the embeddings train from position 0"
+        );
         let mut dwte = zeros(wte_dims.iter().product());
         let mut dwpe = zeros(wpe_dims.iter().product()); // empty without learned positions
         embedding::backward(&floats(&grad), &self.ids, self.seq, &mut dwte, &mut dwpe);
@@ -391,7 +395,7 @@ impl Kernel<1> for RotateQk {
         let xs = floats(&qkv);
         let rows = xs.len() / (3 * self.0.n_embd);
         let (mut out, mut rstd) = (zeros(xs.len()), zeros(rows * 2 * self.0.n_head));
-        rotary::forward(&xs, self.0, &mut out, &mut rstd);
+        rotary::forward(&xs, &self.0, &mut out, &mut rstd);
         let out = tensor(out, shape);
         (out.clone(), (out, rstd))
     }
@@ -405,7 +409,7 @@ impl Kernel<1> for RotateQk {
         let shape = dims(&grad);
         let out = floats(&out);
         let mut dqkv = zeros(out.len());
-        rotary::backward(&floats(&grad), &out, &rstd, self.0, &mut dqkv);
+        rotary::backward(&floats(&grad), &out, &rstd, &self.0, &mut dqkv);
         [Some(tensor(dqkv, shape))]
     }
 }

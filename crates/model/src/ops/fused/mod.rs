@@ -28,12 +28,13 @@ use kernels::*;
 /// The layers that have a fused version, for training (and inference) on Flex.
 #[backend_extension(Flex, Autodiff)]
 pub trait Layers: burn::backend::Backend {
-    /// `wte[ids] + wpe[start..]` (`wpe` empty: `wte[ids]`): `[B, T]` ids -> `[B, T, C]`.
+    /// `wte[ids] + wpe[starts[b]..]` (`wpe` empty: `wte[ids]`; `starts` empty: all from 0):
+    /// `[B, T]` ids -> `[B, T, C]`.
     fn embed(
         ids: IntTensor<Self>,
         wte: FloatTensor<Self>,
         wpe: FloatTensor<Self>,
-        start: usize,
+        starts: Vec<usize>,
     ) -> FloatTensor<Self>;
     /// LayerNorm over the last dimension (`beta` empty: no shift).
     fn layer_norm(
@@ -80,13 +81,13 @@ pub trait Layers: burn::backend::Backend {
 #[backend_extension(Flex)]
 pub trait Inference: burn::backend::Backend {
     /// Attention of the new positions over a key/value cache `[S, block, C]` that they are
-    /// written into; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
-    /// `last_only`, `[S, 1, C]`.
+    /// written into, after the `starts[s]` positions each text has there; returns
+    /// `(y, keys, values)`, `y` being `[S, T_new, C]` or, with `last_only`, `[S, 1, C]`.
     fn cached_attention(
         qkv: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
-        start: usize,
+        starts: Vec<usize>,
         n_head: usize,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
@@ -118,14 +119,14 @@ pub fn embed(
     ids: Tensor<2, Int>,
     wte: Tensor<2>,
     wpe: Option<Tensor<2>>,
-    start: usize,
+    starts: &[usize],
 ) -> Tensor<3> {
     let device = wte.device();
     Tensor::from_dispatch(<Dispatch as Layers>::embed(
         ids.into_dispatch(),
         wte.into_dispatch(),
         or_empty(wpe, &device),
-        start,
+        starts.to_vec(),
     ))
 }
 
@@ -235,7 +236,7 @@ pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>, softcap: f32) -> Tensor<
 pub fn cached_attention(
     qkv: Tensor<3>,
     cache: (Tensor<3>, Tensor<3>),
-    start: usize,
+    starts: &[usize],
     n_head: usize,
     last_only: bool,
 ) -> (Tensor<3>, (Tensor<3>, Tensor<3>)) {
@@ -243,7 +244,7 @@ pub fn cached_attention(
         qkv.into_dispatch(),
         cache.0.into_dispatch(),
         cache.1.into_dispatch(),
-        start,
+        starts.to_vec(),
         n_head,
         last_only,
     );
@@ -292,18 +293,18 @@ fn mask(p: f32, seed: u64) -> Option<Mask> {
     (p > 0.0).then_some(Mask { p, seed })
 }
 
-fn embed_kernel(ids_t: &FlexTensor, start: usize) -> Embed {
+fn embed_kernel(ids_t: &FlexTensor, starts: Vec<usize>) -> Embed {
     let [_, seq] = dims(ids_t).try_into().expect("ids are [B, T]");
     Embed {
         ids: ids(ids_t),
         seq,
-        start,
+        starts,
     }
 }
 
 impl Layers for Flex {
-    fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, start: usize) -> FlexTensor {
-        embed_kernel(&ids, start).forward([wte, wpe]).0
+    fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, starts: Vec<usize>) -> FlexTensor {
+        embed_kernel(&ids, starts).forward([wte, wpe]).0
     }
     fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
         LayerNorm { eps }.forward([x, g, b]).0
@@ -349,8 +350,13 @@ impl Layers for Flex {
 }
 
 impl<C: CheckpointStrategy> Layers for Ad<C> {
-    fn embed(ids: FlexTensor, wte: AdTensor<C>, wpe: AdTensor<C>, start: usize) -> AdTensor<C> {
-        tracked::<_, C, _>(embed_kernel(&ids, start), [wte, wpe])
+    fn embed(
+        ids: FlexTensor,
+        wte: AdTensor<C>,
+        wpe: AdTensor<C>,
+        starts: Vec<usize>,
+    ) -> AdTensor<C> {
+        tracked::<_, C, _>(embed_kernel(&ids, starts), [wte, wpe])
     }
     fn layer_norm(x: AdTensor<C>, g: AdTensor<C>, b: AdTensor<C>, eps: f32) -> AdTensor<C> {
         tracked::<_, C, 3>(LayerNorm { eps }, [x, g, b])
@@ -386,7 +392,7 @@ impl Inference for Flex {
         qkv: FlexTensor,
         keys: FlexTensor,
         values: FlexTensor,
-        start: usize,
+        starts: Vec<usize>,
         n_head: usize,
         last_only: bool,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
@@ -396,7 +402,6 @@ impl Inference for Flex {
         let s = CachedShape {
             samples,
             new,
-            start,
             block,
             n_head,
             n_embd: c,
@@ -410,6 +415,7 @@ impl Inference for Flex {
             keys.storage_mut::<f32>(),
             values.storage_mut::<f32>(),
             s,
+            &starts,
             last_only,
             &mut y,
         );
