@@ -15,6 +15,9 @@ use crate::engine::{Finish, Job};
 /// Prompts one request may hold.
 pub const MAX_PROMPTS: usize = 16;
 
+/// Characters of one stop string.
+pub const MAX_STOP_CHARS: usize = 256;
+
 /// What the server allows in one request.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -23,6 +26,8 @@ pub struct Limits {
     pub max_prompts: usize,
     /// Characters in one prompt.
     pub max_prompt_chars: usize,
+    /// Rows decoded together (`serve --max-batch`): a request's prompts times `n` at most.
+    pub max_rows: usize,
     /// From arrival to the last token.
     pub timeout: Duration,
 }
@@ -136,6 +141,11 @@ impl ApiError {
              tokens or choices"
                 .into(),
         )
+    }
+
+    /// 500: the generation worker is gone.
+    pub fn worker_gone() -> Self {
+        Self::server("the generation worker stopped: see the server's log".into())
     }
 
     /// 503: the server is stopping.
@@ -331,6 +341,18 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             format!("n is {n}, but it must be 1 to {}", limits.max_n),
         ));
     }
+    if prompts.len() * n as usize > limits.max_rows {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} prompts times n = {n} is {} choices, but this server decodes at most {} at once \
+                 (serve --max-batch)",
+                prompts.len(),
+                prompts.len() * n as usize,
+                limits.max_rows
+            ),
+        ));
+    }
     let temperature = r.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::invalid(
@@ -354,10 +376,14 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
         ));
     }
     let stop = r.stop.map(OneOrMany::into_vec).unwrap_or_default();
-    if stop.len() > 4 || stop.iter().any(String::is_empty) {
+    if stop.len() > 4
+        || stop
+            .iter()
+            .any(|s| s.is_empty() || s.chars().count() > MAX_STOP_CHARS)
+    {
         return Err(ApiError::invalid(
             "stop",
-            "stop holds up to 4 strings, none of them empty",
+            format!("stop holds up to 4 strings of 1 to {MAX_STOP_CHARS} characters"),
         ));
     }
     let stream = r.stream.unwrap_or(false);

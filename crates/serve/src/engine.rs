@@ -11,16 +11,14 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use cinder::inspect::AttentionMaps;
-use cinder::sampling::generate::Decoder;
-use cinder::sampling::{DEFAULT_PROMPT, SamplingParams};
+use cinder::sampling::generate::{Decoder, Picker};
+use cinder::sampling::{DEFAULT_PROMPT, PromptError, SamplingParams, prompt_ids};
 use cinder_data::{TextStream, Tokenizer};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -68,15 +66,16 @@ pub enum Event {
 /// Tokens of text whose attention maps a request may ask for.
 pub const MAX_ATTENTION_TOKENS: usize = 64;
 
-/// What the worker is asked to do.
+/// What the worker is asked to do, with the client's claim on its place.
 enum Work {
     /// A completion request, whose events go to the sender.
-    Complete(Job, UnboundedSender<Event>),
+    Complete(Job, UnboundedSender<Event>, Arc<Claim>),
     /// `inspect`'s attention maps of a short text.
     Attention {
         model: String,
         text: String,
         reply: oneshot::Sender<Result<AttentionMaps, ApiError>>,
+        claim: Arc<Claim>,
     },
 }
 
@@ -87,6 +86,8 @@ pub struct Load {
     pending: AtomicUsize,
     /// Requests generating now.
     active: AtomicUsize,
+    /// Their rows (choices), of the batch's `max_rows`.
+    rows: AtomicUsize,
     pub stopping: AtomicBool,
 }
 
@@ -103,12 +104,57 @@ impl Load {
             .saturating_sub(self.active())
     }
 
-    /// A request is over: its place is free (before its client hears so).
-    fn done(&self, was_active: bool) {
-        if was_active {
+    /// A request of `rows` rows starts generating.
+    fn start(&self, rows: usize) {
+        self.rows.fetch_add(rows, Ordering::SeqCst);
+        self.active.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A request is over: its place (and its `rows` rows, if it had started) is free before
+    /// its client hears so.
+    fn done(&self, started: Option<usize>) {
+        if let Some(rows) = started {
+            self.rows.fetch_sub(rows, Ordering::SeqCst);
             self.active.fetch_sub(1, Ordering::SeqCst);
         }
         self.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Who has a queued request: still its client, the worker (which took it), or nobody (its
+/// client left while it waited: its place was freed then).
+#[derive(Debug, Default)]
+pub struct Claim(AtomicU8);
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const DROPPED: u8 = 2;
+
+impl Claim {
+    /// The worker takes the request, unless its client left.
+    fn take(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, TAKEN, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+}
+
+/// A client's place in the queue, held while its request waits: dropped before the worker takes
+/// the request (the client left, or its time ran out), it frees the place at once.
+pub struct Place {
+    claim: Arc<Claim>,
+    load: Arc<Load>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let given_up =
+            self.claim
+                .0
+                .compare_exchange(QUEUED, DROPPED, Ordering::SeqCst, Ordering::SeqCst);
+        if given_up.is_ok() {
+            self.load.done(None);
+        }
     }
 }
 
@@ -116,15 +162,17 @@ impl Load {
 #[derive(Clone)]
 pub struct Queue {
     work: mpsc::Sender<Work>,
-    /// Requests taken at once: `max_batch` generating and `capacity` waiting.
-    room: usize,
+    /// Requests that may wait.
+    capacity: usize,
+    /// Rows the worker decodes together.
+    max_rows: usize,
     pub load: Arc<Load>,
 }
 
 impl Queue {
-    /// Starts the worker thread over `models`: at most `max_batch` requests decoded together,
-    /// and room for `capacity` more waiting.
-    pub fn start(models: Models, max_batch: usize, capacity: usize) -> Self {
+    /// Starts the worker thread over `models`: at most `max_rows` rows (choices of prompts)
+    /// decoded together, and room for `capacity` requests waiting.
+    pub fn start(models: Models, max_rows: usize, capacity: usize) -> Self {
         let (sender, inbox) = mpsc::channel();
         let load = Arc::new(Load::default());
         let worker_load = load.clone();
@@ -135,62 +183,84 @@ impl Queue {
                     models,
                     inbox,
                     waiting: VecDeque::new(),
-                    load: &worker_load,
-                    max_batch: max_batch.max(1),
+                    load: worker_load,
+                    max_rows: max_rows.max(1),
                 }
                 .run()
             })
             .expect("the generation thread starts");
         Self {
             work: sender,
-            room: max_batch.max(1) + capacity,
+            capacity,
+            max_rows: max_rows.max(1),
             load,
         }
     }
 
-    /// Queues `job`, whose events go to `events`; refused (429) when the batch and the queue
-    /// are full.
-    pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> Result<(), ApiError> {
-        self.enqueue(Work::Complete(job, events))
+    /// Queues `job`, whose events go to `events`; refused (429) when `capacity` requests wait
+    /// already. The place is the client's until the worker takes the request.
+    pub fn submit(&self, job: Job, events: UnboundedSender<Event>) -> Result<Place, ApiError> {
+        let rows = job.prompts.len() * job.n;
+        self.enqueue(rows, |claim| Work::Complete(job, events, claim))
     }
 
     /// The attention maps of `text` (its first [`MAX_ATTENTION_TOKENS`] tokens) under model
     /// `model`, queued as a completion is.
     pub async fn attention(&self, model: String, text: String) -> Result<AttentionMaps, ApiError> {
         let (reply, answer) = oneshot::channel();
-        self.enqueue(Work::Attention { model, text, reply })?;
+        let _place = self.enqueue(0, |claim| Work::Attention {
+            model,
+            text,
+            reply,
+            claim,
+        })?;
         answer
             .await
-            .unwrap_or_else(|_| Err(ApiError::server("the generation worker stopped".into())))
+            .unwrap_or_else(|_| Err(ApiError::worker_gone()))
     }
 
-    fn enqueue(&self, work: Work) -> Result<(), ApiError> {
-        let pending = &self.load.pending;
-        let taken = pending.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-            (p < self.room).then_some(p + 1)
-        });
+    /// Takes `rows` rows' request if the batch has room for it now and nobody waits, or else
+    /// fewer than `capacity` wait.
+    fn enqueue(
+        &self,
+        rows: usize,
+        work: impl FnOnce(Arc<Claim>) -> Work,
+    ) -> Result<Place, ApiError> {
+        let load = &self.load;
+        let taken = load
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                let waiting = p.saturating_sub(load.active());
+                let fits = load.rows.load(Ordering::SeqCst) + rows <= self.max_rows;
+                (waiting < self.capacity || (waiting == 0 && fits)).then_some(p + 1)
+            });
         if let Err(p) = taken {
-            return Err(ApiError::busy(p.saturating_sub(self.load.active())));
+            return Err(ApiError::busy(p.saturating_sub(load.active())));
         }
-        if self.work.send(work).is_err() {
-            pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::server("the generation worker stopped".into()));
+        let claim = Arc::new(Claim::default());
+        let place = Place {
+            claim: claim.clone(),
+            load: load.clone(),
+        };
+        if self.work.send(work(claim)).is_err() {
+            drop(place); // frees the place
+            return Err(ApiError::worker_gone());
         }
-        Ok(())
+        Ok(place)
     }
 }
 
 /// The generation thread's state.
-struct Worker<'l> {
+struct Worker {
     models: Models,
     inbox: mpsc::Receiver<Work>,
     /// Work taken from the inbox while a batch of another model ran: served first.
     waiting: VecDeque<Work>,
-    load: &'l Load,
-    max_batch: usize,
+    load: Arc<Load>,
+    max_rows: usize,
 }
 
-impl Worker<'_> {
+impl Worker {
     fn run(mut self) {
         loop {
             let work = match self.waiting.pop_front() {
@@ -200,44 +270,71 @@ impl Worker<'_> {
                     Err(_) => return, // the server is gone
                 },
             };
-            self.load.active.fetch_add(1, Ordering::SeqCst);
             match work {
-                Work::Attention { model, text, reply } => {
+                Work::Attention {
+                    model,
+                    text,
+                    reply,
+                    claim,
+                } => {
+                    if !claim.take() {
+                        continue; // its client left
+                    }
+                    self.load.start(0);
                     let run = AssertUnwindSafe(|| attention(&mut self.models, &model, &text));
                     let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| Err(failed()));
-                    self.load.done(true);
+                    self.load.done(Some(0));
                     let _ = reply.send(outcome);
                 }
-                Work::Complete(job, events) => match self.models.get(&job.model) {
-                    Ok(model) => self.batch(model, job, events),
-                    Err(e) => {
-                        self.load.done(true);
-                        let _ = events.send(Event::Failed(e));
+                Work::Complete(job, events, claim) => {
+                    if !claim.take() {
+                        continue; // its client left
                     }
-                },
+                    if self.load.stopping.load(Ordering::SeqCst) {
+                        self.load.done(None);
+                        let _ = events.send(Event::Failed(ApiError::stopping()));
+                        continue;
+                    }
+                    let get = AssertUnwindSafe(|| self.models.get(&job.model));
+                    match std::panic::catch_unwind(get).unwrap_or_else(|_| Err(failed())) {
+                        Ok(model) => {
+                            // A panic in Burn (memory, say) fails the batch's requests (their
+                            // places are freed as they drop), not the worker.
+                            let batch = AssertUnwindSafe(|| self.batch(model, job, events));
+                            let _ = std::panic::catch_unwind(batch);
+                        }
+                        Err(e) => {
+                            self.load.done(None);
+                            let _ = events.send(Event::Failed(e));
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// Decodes `first` and the requests for its model that arrive meanwhile (up to
-    /// `max_batch` at once), until none is left. A request for another model, or for a newer
+    /// Decodes `first` and the requests for its model that arrive meanwhile (up to `max_rows`
+    /// rows at once), until none is left. A request for another model, or for a newer
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
         let mut decoder = Decoder::new(&model.gpt, true, &model.device);
         let mut running: Vec<Running> = Vec::new();
-        let mut next = Some((first, events)); // counted active already
+        let mut next = Some((first, events)); // taken from the queue, not yet admitted
         let mut closed = false;
         loop {
-            // Newcomers join at a token boundary.
-            while running.len() < self.max_batch && !closed {
+            // Newcomers join at a token boundary, while their rows fit.
+            loop {
                 let (job, events) = match next.take() {
-                    Some(first) => first,
+                    Some(taken) => taken,
+                    None if closed => break,
                     None => match self.inbox.try_recv() {
-                        Ok(Work::Complete(job, events))
+                        Ok(Work::Complete(job, events, claim))
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
-                            self.load.active.fetch_add(1, Ordering::SeqCst);
+                            if !claim.take() {
+                                continue; // its client left
+                            }
                             (job, events)
                         }
                         Ok(other) => {
@@ -248,14 +345,19 @@ impl Worker<'_> {
                         Err(_) => break,
                     },
                 };
-                match Running::admit(job, events, &model.tokenizer, self.load) {
+                let rows: usize = running.iter().map(Running::row_count).sum();
+                if !running.is_empty() && rows + job.prompts.len() * job.n > self.max_rows {
+                    next = Some((job, events)); // when rows leave
+                    break;
+                }
+                match Running::admit(job, events, &model.tokenizer, &self.load) {
                     Ok(Some(request)) => {
                         decoder.join(request.rows());
                         running.push(request);
                     }
-                    Ok(None) => self.load.done(true), // the client left while it waited
+                    Ok(None) => self.load.done(None), // the client left while it waited
                     Err((events, e)) => {
-                        self.load.done(true);
+                        self.load.done(None);
                         let _ = events.send(Event::Failed(e));
                     }
                 }
@@ -263,27 +365,16 @@ impl Worker<'_> {
             if running.is_empty() {
                 return;
             }
-            let step = AssertUnwindSafe(|| decoder.next_logits());
-            let Ok(logits) = std::panic::catch_unwind(step) else {
-                // A panic in Burn (memory, say) fails these requests, not the worker.
-                for request in running {
-                    self.load.done(true);
-                    let _ = request.events.send(Event::Failed(failed()));
-                }
-                return;
-            };
+            let logits = decoder.next_logits();
             let v = logits.len() / decoder.rows();
-            let pickable = model.tokenizer.vocab_size().min(v);
             let stopping = self.load.stopping.load(Ordering::SeqCst);
             let mut row = 0;
             let mut ended = Vec::new();
             for (i, request) in running.iter_mut().enumerate() {
                 let rows = row..row + request.row_count();
                 row = rows.end;
-                for (r, token) in
-                    rows.clone()
-                        .zip(request.pick(&logits[rows.start * v..], v, pickable))
-                {
+                let tokens = request.pick(&logits[rows.start * v..rows.end * v]);
+                for (r, token) in rows.clone().zip(tokens) {
                     decoder.push(r, token);
                 }
                 if let Some(end) = request.end(stopping) {
@@ -293,8 +384,7 @@ impl Worker<'_> {
             // Ended requests leave, last first, so that the rows before stay where they are.
             for (i, rows, end) in ended.into_iter().rev() {
                 decoder.leave(rows);
-                let request = running.remove(i);
-                request.finish(end, self.load);
+                running.remove(i).finish(end);
             }
         }
     }
@@ -304,21 +394,18 @@ fn failed() -> ApiError {
     ApiError::server("generation failed: see the server's log".into())
 }
 
+/// The error of a prompt that cannot be continued, naming it among the request's.
+fn prompt_error(param: &str, index: Option<usize>, e: PromptError) -> ApiError {
+    let which = index.map_or(String::new(), |i| format!(" {i}"));
+    ApiError::invalid(param, format!("{param}{which}: {e}"))
+}
+
 /// `inspect`'s attention maps of the first [`MAX_ATTENTION_TOKENS`] tokens of `text` (at most
 /// the model's context).
 fn attention(models: &mut Models, id: &str, text: &str) -> Result<AttentionMaps, ApiError> {
     let model = models.get(id)?;
-    let text: String = cinder_data::normalized_chars(text).collect();
-    let mut ids = model
-        .tokenizer
-        .encode(&text)
-        .map_err(|e| ApiError::invalid("text", format!("the text does not fit the model: {e}")))?;
-    if ids.is_empty() {
-        return Err(ApiError::invalid(
-            "text",
-            "the text is empty: give at least one character",
-        ));
-    }
+    let mut ids =
+        prompt_ids(&model.tokenizer, text, false).map_err(|e| prompt_error("text", None, e))?;
     ids.truncate(MAX_ATTENTION_TOKENS.min(model.gpt.block_size()));
     let tokens = ids
         .iter()
@@ -343,16 +430,19 @@ enum End {
 }
 
 /// A request being decoded: its rows are consecutive in the decoder, prompt after prompt, `n`
-/// per prompt.
+/// per prompt. Dropped before it finishes (a panic in the batch), it frees its place and fails.
 struct Running<'t> {
     job: Job,
     events: UnboundedSender<Event>,
-    /// Each prompt's tokens, its random stream (`generate`'s for the seed) and its choices.
-    prompts: Vec<(Vec<u32>, ChaCha8Rng, Vec<Choice<'t>>)>,
+    load: Arc<Load>,
+    /// Each prompt's tokens, its picker (`generate`'s random stream for the seed) and its
+    /// choices.
+    prompts: Vec<(Vec<u32>, Picker, Vec<Choice<'t>>)>,
     /// Tokens written to each row.
     steps: usize,
     completion_tokens: usize,
     gone: bool,
+    finished: bool,
 }
 
 impl<'t> Running<'t> {
@@ -363,7 +453,7 @@ impl<'t> Running<'t> {
         job: Job,
         events: UnboundedSender<Event>,
         tokenizer: &'t Tokenizer,
-        load: &Load,
+        load: &Arc<Load>,
     ) -> Result<Option<Self>, (UnboundedSender<Event>, ApiError)> {
         if load.stopping.load(Ordering::SeqCst) {
             return Err((events, ApiError::stopping()));
@@ -382,30 +472,30 @@ impl<'t> Running<'t> {
             } else {
                 prompt
             };
-            let text: String = cinder_data::normalized_chars(prompt).collect();
-            let ids = match tokenizer.encode(&text) {
+            let ids = match prompt_ids(tokenizer, prompt, false) {
                 Ok(ids) => ids,
-                Err(e) => {
-                    let message = format!("prompt {i} does not fit the model: {e}");
-                    return Err((events, ApiError::invalid("prompt", message)));
-                }
+                Err(e) => return Err((events, prompt_error("prompt", Some(i), e))),
             };
             let choices = (0..job.n)
                 .map(|c| Choice::new(i * job.n + c, tokenizer, &job.stop))
                 .collect();
-            prompts.push((ids, ChaCha8Rng::seed_from_u64(job.seed), choices));
+            let picker = Picker::new(job.sampling, job.seed, tokenizer.vocab_size());
+            prompts.push((ids, picker, choices));
         }
         let prompt_tokens = prompts.iter().map(|(ids, _, _)| ids.len()).sum();
         if events.send(Event::Started { prompt_tokens }).is_err() {
             return Ok(None);
         }
+        load.start(job.prompts.len() * job.n);
         Ok(Some(Self {
             job,
             events,
+            load: load.clone(),
             prompts,
             steps: 0,
             completion_tokens: 0,
             gone: false,
+            finished: false,
         }))
     }
 
@@ -421,17 +511,14 @@ impl<'t> Running<'t> {
         self.prompts.len() * self.job.n
     }
 
-    /// Picks each row's next token from `logits` (`V` per row, from this request's first row;
-    /// the first `pickable` may be picked), as `generate` does, and sends what it makes of the
-    /// choices' text. Returns the tokens, row by row.
-    fn pick(&mut self, logits: &[f32], v: usize, pickable: usize) -> Vec<u32> {
+    /// Picks each row's next token from `logits` (this request's rows), as `generate` does,
+    /// and sends what it makes of the choices' text. Returns the tokens, row by row.
+    fn pick(&mut self, logits: &[f32]) -> Vec<u32> {
+        let per_prompt = logits.len() / self.prompts.len();
         let mut tokens = Vec::with_capacity(self.row_count());
-        let sampling = self.job.sampling;
-        let mut row = 0;
-        for (_, rng, choices) in &mut self.prompts {
-            for choice in choices.iter_mut() {
-                let token = sampling.pick(&logits[row * v..row * v + pickable], rng);
-                row += 1;
+        for ((_, picker, choices), logits) in self.prompts.iter_mut().zip(logits.chunks(per_prompt))
+        {
+            for (choice, token) in choices.iter_mut().zip(picker.pick(logits, self.job.n)) {
                 tokens.push(token);
                 if !choice.finished {
                     self.completion_tokens += 1;
@@ -461,32 +548,39 @@ impl<'t> Running<'t> {
     }
 
     /// Ends the choices, frees the request's place, then tells its client.
-    fn finish(self, end: End, load: &Load) {
-        let Self {
-            events,
-            prompts,
-            completion_tokens,
-            ..
-        } = self;
+    fn finish(mut self, end: End) {
+        self.finished = true;
+        let rows = Some(self.row_count());
+        let events = self.events.clone();
         match end {
-            End::Gone => load.done(true),
+            End::Gone => self.load.done(rows),
             End::TimedOut => {
-                load.done(true);
+                self.load.done(rows);
                 // What was streamed stays with the client; the error ends the stream.
                 let _ = events.send(Event::Failed(ApiError::timeout()));
             }
             End::Complete => {
                 let mut gone = false;
-                for (_, _, choices) in prompts {
+                for (_, _, choices) in std::mem::take(&mut self.prompts) {
                     for choice in choices {
                         gone |= choice.finish(&events).is_err();
                     }
                 }
-                load.done(true);
+                self.load.done(rows);
                 if !gone {
+                    let completion_tokens = self.completion_tokens;
                     let _ = events.send(Event::Done { completion_tokens });
                 }
             }
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.load.done(Some(self.row_count()));
+            let _ = self.events.send(Event::Failed(failed()));
         }
     }
 }

@@ -63,10 +63,11 @@ struct Args {
     /// Models kept loaded at once; the least recently used is unloaded first
     #[arg(long, default_value_t = 2)]
     max_loaded: usize,
-    /// Requests decoded together (continuous batching: one forward pass per token for all)
+    /// Choices (rows) decoded together, over all requests for one model (continuous batching:
+    /// one forward pass per token for all); a request's prompts times n at most
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
-    /// Requests that may wait while --max-batch generate; more are refused (429)
+    /// Requests that may wait while others generate; more are refused (429)
     #[arg(long, default_value_t = 16)]
     queue: usize,
     /// The most max_tokens a request may ask for
@@ -138,6 +139,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             max_n: args.max_n,
             max_prompts: api::MAX_PROMPTS,
             max_prompt_chars: args.max_prompt_chars,
+            max_rows: args.max_batch,
             timeout: Duration::from_secs_f64(args.timeout),
         },
         api_key: args.api_key.as_deref().map(Arc::from),

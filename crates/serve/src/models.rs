@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use burn::prelude::Device;
 use cinder::storage::checkpoint;
-use cinder::storage::names::{BEST, LATEST, META};
+use cinder::storage::names::{META, READ};
 use cinder_data::Tokenizer;
 use cinder_model::{Gpt, Ops};
 
@@ -54,8 +55,7 @@ fn discover(
         });
     }
     for path in named {
-        checkpoint::resolve(path, &[BEST, LATEST])
-            .map_err(|_| ModelsError::NotACheckpoint(path.clone()))?;
+        checkpoint::resolve(path, &READ).map_err(|_| ModelsError::NotACheckpoint(path.clone()))?;
         let name = std::fs::canonicalize(path)
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -83,10 +83,7 @@ fn walk(
     depth: usize,
     found: &mut Vec<(String, PathBuf)>,
 ) -> Result<(), ModelsError> {
-    if [BEST, LATEST]
-        .iter()
-        .any(|name| dir.join(name).join(META).is_file())
-    {
+    if READ.iter().any(|name| dir.join(name).join(META).is_file()) {
         let id = dir.strip_prefix(root).unwrap_or(dir);
         let id = if id.as_os_str().is_empty() {
             // --runs is itself a run folder.
@@ -108,10 +105,12 @@ fn walk(
         path: dir.to_path_buf(),
         source,
     };
+    // Folders only, never through a link: what is served is what lies under --runs.
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(read)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
         .collect();
     entries.sort();
     for entry in entries {
@@ -127,7 +126,13 @@ pub struct Catalog {
     runs: PathBuf,
     named: Vec<PathBuf>,
     ids: RwLock<BTreeMap<String, PathBuf>>,
+    /// When the folders were last looked at: for unknown ids, at most every [`REFRESH`], however
+    /// many requests name them.
+    looked: Mutex<Instant>,
 }
+
+/// The shortest time between two looks for new runs.
+const REFRESH: Duration = Duration::from_millis(100);
 
 impl Catalog {
     /// The models under `runs` (which must exist when `runs_required`) and those `named`;
@@ -142,11 +147,14 @@ impl Catalog {
             runs: runs.to_path_buf(),
             named: named.to_vec(),
             ids: RwLock::new(ids),
+            looked: Mutex::new(Instant::now()),
         })
     }
 
-    /// Looks again, keeping what was found before if the folders cannot be read now.
+    /// Looks again, keeping what was found before if the folders cannot be read now (the lists
+    /// of models, `/v1/models` and the page's, look each time).
     pub fn refresh(&self) {
+        *self.looked.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         match discover(&self.runs, false, &self.named) {
             Ok(ids) => *self.ids.write().unwrap_or_else(|e| e.into_inner()) = ids,
             Err(e) => eprintln!("the models were not looked for again: {e}"),
@@ -158,13 +166,21 @@ impl Catalog {
         self.ids.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The folder of model `id`, looking again once if it is not known.
+    /// The folder of model `id`, looking again if it is not known (and it did not look within
+    /// [`REFRESH`]).
     pub fn path(&self, id: &str) -> Option<PathBuf> {
         let known = || {
             let ids = self.ids.read().unwrap_or_else(|e| e.into_inner());
             ids.get(id).cloned()
         };
         known().or_else(|| {
+            let recently = {
+                let looked = self.looked.lock().unwrap_or_else(|e| e.into_inner());
+                looked.elapsed() < REFRESH
+            };
+            if recently {
+                return None;
+            }
             self.refresh();
             known()
         })
@@ -199,7 +215,7 @@ struct Stamp {
 
 impl Stamp {
     fn of(path: &Path) -> Option<Self> {
-        let dir = checkpoint::resolve(path, &[BEST, LATEST]).ok()?;
+        let dir = checkpoint::resolve(path, &READ).ok()?;
         let written = if dir.join(META).is_file() {
             dir.join(META)
         } else {
@@ -272,7 +288,8 @@ impl Models {
             if self.loaded.len() == self.max_loaded {
                 self.loaded.remove(0);
             }
-            let loaded = checkpoint::load(&path, &[BEST, LATEST], &self.device).map_err(|e| {
+            self.show_loaded();
+            let loaded = checkpoint::load(&path, &READ, &self.device).map_err(|e| {
                 eprintln!("cannot load model {id} from {}: {e}", path.display());
                 ApiError::server(format!("model {id} cannot be loaded: see the server's log"))
             })?;
@@ -287,6 +304,12 @@ impl Models {
                 }),
             ));
         }
+        self.show_loaded();
+        Ok(self.loaded.last().expect("just pushed").1.clone())
+    }
+
+    /// `/health`'s list of the models in memory.
+    fn show_loaded(&self) {
         *self.loaded_info.lock().unwrap_or_else(|e| e.into_inner()) = self
             .loaded
             .iter()
@@ -295,6 +318,5 @@ impl Models {
                 iter: m.iter,
             })
             .collect();
-        Ok(self.loaded.last().expect("just pushed").1.clone())
     }
 }

@@ -148,20 +148,23 @@ fn with_log(mut response: Response, logged: Logged) -> Response {
 async fn completions(State(app): State<App>, body: Body) -> Response {
     let mut logged = Logged::default();
     let result = async {
-        let bytes = axum::body::to_bytes(body, BODY_LIMIT)
-            .await
-            .map_err(|_| ApiError::too_large(BODY_LIMIT))?;
+        let bytes = read_body(body).await?;
         let request = parse_completion(&bytes, &app.limits)?;
         logged.model = Some(request.job.model.clone());
         app.catalog.find(&request.job.model)?;
         let (tx, mut rx) = unbounded_channel();
         let choices = request.job.prompts.len() * request.job.n;
-        app.queue.submit(request.job.clone(), tx)?;
-        let prompt_tokens = match rx.recv().await {
-            Some(Event::Started { prompt_tokens }) => prompt_tokens,
-            Some(Event::Failed(e)) => return Err(e),
-            _ => return Err(ApiError::server("the generation worker stopped".into())),
+        // The place is this handler's while the request waits: a client that leaves (the
+        // handler is dropped) or runs out of time frees it at once.
+        let place = app.queue.submit(request.job.clone(), tx)?;
+        let deadline = tokio::time::Instant::from_std(request.job.deadline);
+        let prompt_tokens = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Event::Started { prompt_tokens })) => prompt_tokens,
+            Ok(Some(Event::Failed(e))) => return Err(e),
+            Ok(_) => return Err(ApiError::worker_gone()),
+            Err(_) => return Err(ApiError::timeout()),
         };
+        drop(place);
         let header = Header {
             id: format!("cmpl-{:08x}", app.next_id.fetch_add(1, Ordering::SeqCst)),
             created: now(),
@@ -203,6 +206,19 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
     }
 }
 
+/// A request's body, up to [`BODY_LIMIT`] bytes (413 past it; 400 if it cannot be read).
+pub async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|e| {
+        let over = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+            .any(|e| e.is::<http_body_util::LengthLimitError>());
+        if over {
+            ApiError::too_large(BODY_LIMIT)
+        } else {
+            ApiError::malformed(format!("the request body could not be read: {e}"))
+        }
+    })
+}
+
 /// Seconds since the Unix epoch, as OpenAI's `created` fields count.
 pub fn now() -> u64 {
     SystemTime::now()
@@ -223,7 +239,7 @@ async fn collect(
             Some(Event::Done { completion_tokens }) => return Ok((texts, completion_tokens)),
             Some(Event::Started { .. }) => {}
             Some(Event::Failed(e)) => return Err(e),
-            None => return Err(ApiError::server("the generation worker stopped".into())),
+            None => return Err(ApiError::worker_gone()),
         }
     }
 }
@@ -246,14 +262,16 @@ fn stream(
         include_usage: bool,
         logged: Logged,
         since: Instant,
+        /// The status of the error that ended it, if one did.
+        failed: Option<u16>,
     }
-    // One log line per stream, when it is dropped: 200 if it ran to [DONE], else 499 (the
-    // client closed it) or 500.
+    // One log line per stream, when it is dropped: 200 if it ran to [DONE], the error's status
+    // if one ended it, else 499 (the client closed it).
     impl Drop for Stream {
         fn drop(&mut self) {
-            let status = match (self.ended, self.logged.tokens) {
-                (true, Some(_)) => 200,
-                (true, None) => 500,
+            let status = match (self.ended, self.failed) {
+                (true, Some(status)) => status,
+                (true, None) => 200,
                 (false, _) => 499,
             };
             log_line("POST", "/v1/completions", status, &self.logged, self.since);
@@ -271,6 +289,7 @@ fn stream(
         include_usage,
         logged,
         since: Instant::now(),
+        failed: None,
     };
     futures_util::stream::unfold(start, |mut s| async move {
         loop {
@@ -299,11 +318,14 @@ fn stream(
                 }
                 Some(Event::Failed(e)) => {
                     s.ended = true;
+                    s.failed = Some(e.status.as_u16());
                     e.body()
                 }
                 None => {
                     s.ended = true;
-                    ApiError::server("the generation worker stopped".into()).body()
+                    let e = ApiError::worker_gone();
+                    s.failed = Some(e.status.as_u16());
+                    e.body()
                 }
             };
             s.pending.push_back(data(event));

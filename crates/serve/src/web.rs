@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -144,7 +144,8 @@ struct AttentionRequest {
 
 /// `POST /api/attention` `{"model", "text"}`: `inspect`'s maps, `{"tokens", "weights"}` with
 /// `weights[layer][head][query][key]`.
-async fn attention(State(app): State<App>, body: Bytes) -> Result<Response, ApiError> {
+async fn attention(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
+    let body = crate::routes::read_body(body).await?;
     let request: AttentionRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::malformed(format!(
             "the body must be {{\"model\": ..., \"text\": ...}}: {e}"

@@ -1,7 +1,7 @@
 //! `serve`'s API over HTTP, against a small model trained here: the text is `generate`'s, streamed
 //! or whole; stop strings; OpenAI's error objects; the API key; the queue; stopping.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -11,7 +11,7 @@ use cinder::storage::names::LATEST;
 use serde_json::{Value, json};
 
 mod common;
-use common::{Server, events, generated, read, streamed, trained_run};
+use common::{LONG, Server, busy_stream, events, generated, read, streamed, trained_run};
 
 #[test]
 fn completions_are_generates_text_whole_or_streamed() {
@@ -102,7 +102,19 @@ fn a_stop_string_ends_the_text_before_it_whole_or_streamed() {
 fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     trained_run(dir.path());
-    let server = Server::start(dir.path(), &["--runs", "runs", "--max-tokens", "100"]);
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--runs",
+            "runs",
+            "--max-tokens",
+            "100",
+            "--max-prompt-chars",
+            "100",
+            "--max-batch",
+            "4",
+        ],
+    );
     let ok = json!({"model": "tiny", "prompt": "ROMEO:"});
     let with = |field: &str, value: Value| {
         let mut body = ok.clone();
@@ -133,6 +145,12 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         bad("prompt", json!(7)),
         bad("prompt", json!([])),
         bad("prompt", json!("price: €5")),
+        bad("prompt", json!("\u{feff}")), // a byte-order mark alone: no token
+        bad("prompt", json!("x".repeat(101))),
+        bad("n", json!(5)), // 5 choices, --max-batch 4
+        bad("stop", json!("s".repeat(257))),
+        bad("best_of", json!(2)),
+        bad("frequency_penalty", json!(1)),
         bad("echo", json!(true)),
         bad("logprobs", json!(0)),
         bad("logit_bias", json!({"1": 5})),
@@ -261,27 +279,6 @@ fn models_health_ids_and_the_api_key() {
         stderr.contains("two models would have the id \"tiny\""),
         "{stderr}"
     );
-}
-
-/// More tokens than a test waits for.
-const LONG: usize = 1_000_000;
-
-/// Starts a long streamed completion on `server` and returns its reader once the first chunk
-/// has come: the worker is busy with it from then on.
-fn busy_stream(server: &Server) -> impl Read + use<> {
-    let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": LONG, "stream": true});
-    let response = Server::agent()
-        .post(format!("{}/v1/completions", server.url))
-        .header("Content-Type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let mut reader = BufReader::new(response.into_body().into_reader());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
-    reader
 }
 
 #[test]

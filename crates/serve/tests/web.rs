@@ -3,7 +3,7 @@
 //! without a restart; no request reaching a path; a client that leaves freeing its place; the
 //! time limit.
 
-use std::io::{BufRead, BufReader};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use cinder::storage::names::BEST;
 use serde_json::{Value, json};
 
 mod common;
-use common::{Server, generated, read, train, train_binary, trained_run};
+use common::{LONG, Server, busy_stream, generated, read, train, train_binary, trained_run};
 
 /// Polls `f` every 50 ms until it gives `Some`, for at most `seconds`.
 fn wait_for<T>(seconds: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -292,9 +292,6 @@ fn a_run_trained_while_served_is_seen_training_and_its_new_checkpoints_are_serve
     assert_eq!(server.complete(&later).0, 200);
 }
 
-/// More tokens than a test waits for.
-const LONG: usize = 1_000_000;
-
 #[test]
 fn a_client_that_leaves_frees_its_place_and_the_time_limit_ends_a_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -302,20 +299,19 @@ fn a_client_that_leaves_frees_its_place_and_the_time_limit_ends_a_stream() {
     let max = LONG.to_string();
     let server = Server::start(
         dir.path(),
-        &["--runs", "runs", "--max-tokens", &max, "--timeout", "2"],
+        &[
+            "--runs",
+            "runs",
+            "--max-tokens",
+            &max,
+            "--timeout",
+            "2",
+            "--max-batch",
+            "1",
+        ],
     );
     let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": LONG, "stream": true});
-    let response = Server::agent()
-        .post(format!("{}/v1/completions", server.url))
-        .header("Content-Type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let mut reader = BufReader::new(response.into_body().into_reader());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let reader = busy_stream(&server);
     let (_, health) = server.get("/health");
     assert_eq!(health["requests"]["active"], 1, "{health}");
     drop(reader); // the client leaves mid-stream
@@ -334,6 +330,36 @@ fn a_client_that_leaves_frees_its_place_and_the_time_limit_ends_a_stream() {
             .contains("POST /v1/completions 499")
             .then_some(())
     });
+
+    // A client that leaves while its request waits (behind a full batch) frees its place at
+    // once too.
+    let reader = busy_stream(&server);
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut waiting = std::net::TcpStream::connect(address).unwrap();
+    let short = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 5}).to_string();
+    write!(
+        waiting,
+        "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{short}",
+        short.len()
+    )
+    .unwrap();
+    let queued = |n: u64| move |server: &Server| server.get("/health").1["requests"]["queued"] == n;
+    wait_for(5, "the request to wait", || {
+        queued(1)(&server).then_some(())
+    });
+    drop(waiting);
+    let left = Instant::now();
+    wait_for(5, "its place to be freed", || {
+        queued(0)(&server).then_some(())
+    });
+    assert!(
+        left.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        left.elapsed()
+    );
+    assert_eq!(server.get("/health").1["requests"]["active"], 1);
+    drop(reader);
 
     // Past --timeout, a stream ends with an error event, a whole completion is a 408; the
     // server goes on serving.

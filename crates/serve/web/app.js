@@ -31,7 +31,9 @@ function esc(s) {
 
 /** A model id (which may contain '/') as it goes in a hash route: each segment URI-encoded. */
 const encId = (id) => id.split('/').map(encodeURIComponent).join('/');
-const decId = (s) => s.split('/').map(decodeURIComponent).join('/');
+const decId = (s) => s.split('/').map((part) => {
+  try { return decodeURIComponent(part); } catch (e) { return part; } // a hand-typed '%'
+}).join('/');
 
 /** Parameter counts as e.g. 0.8M or 45.2K. */
 function fmtParams(p) {
@@ -477,14 +479,15 @@ function playView(view, wanted) {
     const body = {
       model: modelSel.value,
       prompt: $('#prompt').value,
-      max_tokens: parseInt(num('#max_tokens'), 10),
-      temperature: parseFloat(num('#temperature')),
-      top_p: parseFloat(num('#top_p')),
       stream: true,
       stream_options: { include_usage: true },
     };
-    if (num('#top_k') !== '') body.top_k = parseInt(num('#top_k'), 10);
-    if (num('#seed') !== '') body.seed = parseInt(num('#seed'), 10);
+    // A field left empty is left out: the server's default applies.
+    const fields = [['max_tokens', parseInt], ['temperature', parseFloat], ['top_p', parseFloat],
+      ['top_k', parseInt], ['seed', parseInt]];
+    for (const [name, parse] of fields) {
+      if (num(`#${name}`) !== '') body[name] = parse(num(`#${name}`), 10);
+    }
 
     const out = $('#output');
     out.innerHTML = '<span class="prompt"></span><span class="completion"></span>';
@@ -503,8 +506,9 @@ function playView(view, wanted) {
     let first = 0;
     let last = 0;
     const showSpeed = () => {
+      // Tokens after the first, over the time from the first to the last.
       const secs = (last - first) / 1000;
-      const rate = secs > 0 ? `${(tokens / secs).toFixed(1)} tokens/s` : '– tokens/s';
+      const rate = secs > 0 ? `${((tokens - 1) / secs).toFixed(1)} tokens/s` : '– tokens/s';
       $('#speed').textContent = `${tokens} tokens · ${rate}`;
     };
     // One server-sent event: returns false when the stream is over.

@@ -9,7 +9,7 @@ use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::Backend;
 use cinder::run::eval::text_loss;
 use cinder::storage::checkpoint;
-use cinder::storage::names::{BEST, LATEST};
+use cinder::storage::names::READ;
 use cinder_data::{Corpus, Split, Tokenizer};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -62,7 +62,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         meta,
         tokenizer,
         model,
-    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    } = checkpoint::load(&args.checkpoint, &READ, &backend.device)?;
     let block = meta.config.block_size;
     let (ids, what) = match &args.data {
         Some(path) => {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
-use cinder::storage::names::{BEST, LATEST};
+use cinder::storage::names::READ;
 use cinder::storage::{checkpoint, gpt2};
 use clap::Parser;
 
@@ -37,7 +37,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         meta,
         tokenizer,
         model,
-    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    } = checkpoint::load(&args.checkpoint, &READ, &backend.device)?;
     gpt2::export(&args.out, &model, &meta.config, &tokenizer)?;
     eprintln!(
         "wrote {} (GPT-2, {} layers x {} heads x {} wide, context {}, {} tokens) from {} \

@@ -8,10 +8,12 @@ use anyhow::{Context, bail};
 use cinder::cli::{RunOn, exit_on_error};
 use cinder::device::Backend;
 use cinder::sampling::generate::{GenerateOptions, generate};
-use cinder::sampling::{DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams};
+use cinder::sampling::{
+    DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, PromptError, SamplingParams, prompt_ids,
+};
 use cinder::storage::checkpoint;
-use cinder::storage::names::{BEST, LATEST};
-use cinder_data::{TextStream, Tokenizer};
+use cinder::storage::names::READ;
+use cinder_data::TextStream;
 use clap::Parser;
 
 /// Sample text from a trained cinder checkpoint.
@@ -73,7 +75,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         meta,
         tokenizer,
         model,
-    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    } = checkpoint::load(&args.checkpoint, &READ, &backend.device)?;
     if !args.quiet {
         eprintln!(
             "cinder {}: {}; checkpoint {} (iteration {}, val loss {})",
@@ -90,21 +92,16 @@ fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read prompt file {}", path.display()))?,
         None => args.prompt.clone(),
     };
-    let text: String = cinder_data::normalized_chars(&prompt_text).collect();
-    let prompt = match (tokenizer.encode(&text), &tokenizer) {
-        (Ok(ids), _) => ids,
-        (Err(e), Tokenizer::Char(chars)) if args.drop_unknown => {
+    let prompt = match prompt_ids(&tokenizer, &prompt_text, false) {
+        Err(PromptError::DoesNotFit(e)) if args.drop_unknown => {
             eprintln!("dropping prompt characters the vocabulary lacks: {e}");
-            let kept = text.chars().filter(|&c| chars.id(c).is_some());
-            chars.encode(kept).expect("only known characters are left")
+            prompt_ids(&tokenizer, &prompt_text, true)?
         }
-        (Err(e), _) => {
+        Err(PromptError::DoesNotFit(e)) => {
             bail!("the prompt does not fit the model: {e}. Remove them, or pass --drop-unknown")
         }
+        other => other?,
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty: give at least one character the model knows");
-    }
 
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,

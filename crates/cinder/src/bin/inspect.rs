@@ -7,7 +7,7 @@ use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
 use cinder::inspect::AttentionMaps;
 use cinder::storage::checkpoint;
-use cinder::storage::names::{BEST, LATEST};
+use cinder::storage::names::READ;
 use clap::Parser;
 
 /// Show the attention weights of every layer and head of a checkpoint over a text.
@@ -58,7 +58,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         meta,
         tokenizer,
         model,
-    } = checkpoint::load(&args.checkpoint, &[BEST, LATEST], &backend.device)?;
+    } = checkpoint::load(&args.checkpoint, &READ, &backend.device)?;
     let text = match &args.text_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?,

@@ -14,7 +14,7 @@ use crate::device::Backend;
 use crate::run::folder::RunLock;
 use crate::run::trainer::Trainer;
 use crate::storage::checkpoint;
-use crate::storage::names::{self, BEST, LATEST};
+use crate::storage::names::{self, BEST, LATEST, READ};
 
 /// The config file a run uses when none is named.
 pub const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
@@ -106,7 +106,7 @@ fn start_new(
     // The checkpoint to start from, if any, gives the architecture and the vocabulary.
     let init = match &config.init_from {
         Some(from) => {
-            let dir = checkpoint::resolve(from, &[BEST, LATEST])
+            let dir = checkpoint::resolve(from, &READ)
                 .with_context(|| format!("cannot start from {}", from.display()))?;
             let meta = checkpoint::load_meta(&dir)?;
             // A block size given by a flag or the config file may crop the model's context.

@@ -59,19 +59,16 @@ pub fn generate<F: TokenFlow>(
         "the prompt must hold at least one token"
     );
     let n = opts.num_samples;
-    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens);
     let mut decoder = Decoder::new(model, opts.use_cache, device);
     decoder.join(vec![prompt.to_vec(); n]);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
-        let last = decoder.next_logits(); // (n, V) on the host
-        let v = last.len() / n;
-        let pickable = opts.tokens.min(v);
+        let tokens = picker.pick(&decoder.next_logits(), n);
         let mut go_on = true;
-        for (s, out) in out.iter_mut().enumerate() {
-            let token = opts.sampling.pick(&last[s * v..s * v + pickable], &mut rng);
+        for (s, token) in tokens.into_iter().enumerate() {
             decoder.push(s, token);
-            out.push(token);
+            out[s].push(token);
             go_on &= on_token(s, token).go_on();
         }
         if !go_on {
@@ -79,6 +76,36 @@ pub fn generate<F: TokenFlow>(
         }
     }
     out
+}
+
+/// The next tokens of one prompt's samples: `generate`'s random stream for a seed, drawn row
+/// after row at each step.
+pub struct Picker {
+    sampling: SamplingParams,
+    rng: ChaCha8Rng,
+    /// Tokens the tokenizer has: ids past them (a vocabulary padded beyond the tokenizer's)
+    /// are never picked.
+    tokens: usize,
+}
+
+impl Picker {
+    pub fn new(sampling: SamplingParams, seed: u64, tokens: usize) -> Self {
+        Self {
+            sampling,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            tokens,
+        }
+    }
+
+    /// The next token of each of `rows` rows, whose logits `logits` holds row after row.
+    pub fn pick(&mut self, logits: &[f32], rows: usize) -> Vec<u32> {
+        let v = logits.len() / rows;
+        let pickable = self.tokens.min(v);
+        logits
+            .chunks_exact(v)
+            .map(|row| self.sampling.pick(&row[..pickable], &mut self.rng))
+            .collect()
+    }
 }
 
 /// Produces the next-token logits of growing texts (rows) decoded together, with or without

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 pub const LATEST: &str = "latest";
 /// The checkpoint with the lowest validation loss so far.
 pub const BEST: &str = "best";
+/// The checkpoint of a run folder that the commands reading a run take (`generate`, `evaluate`,
+/// `inspect`, `export`, `serve`): its best, else its latest.
+pub const READ: [&str; 2] = [BEST, LATEST];
 /// One row per logged step (`crate::run::metrics`).
 pub const METRICS: &str = "metrics.csv";
 /// The run's resolved configuration, written when it starts.

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each test file uses its part
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -239,4 +239,26 @@ pub fn generated(
     };
     let samples = generate(&loaded.model, &ids, &opts, &device, |_, _| {});
     samples.iter().map(|s| loaded.tokenizer.decode(s)).collect()
+}
+
+/// More tokens than a test waits for.
+pub const LONG: usize = 1_000_000;
+
+/// Starts a long streamed completion on `server` and returns its reader once the first chunk
+/// has come: the worker is busy with it from then on.
+pub fn busy_stream(server: &Server) -> impl Read + use<> {
+    let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": LONG, "stream": true});
+    let response = Server::agent()
+        .post(format!("{}/v1/completions", server.url))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .unwrap();
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        let read = reader.read_line(&mut line).unwrap();
+        assert!(read > 0, "the stream ended before its first chunk");
+    }
+    reader
 }
