@@ -260,6 +260,27 @@ fn models_health_ids_and_the_api_key() {
     assert_eq!(ids, ["latest", "tiny"]);
     assert_eq!(models["data"][0]["object"], "model");
 
+    // The key from the environment works as --api-key does.
+    drop(server);
+    let keyed = Server::start_with(
+        dir.path(),
+        &["--runs", "runs"],
+        &[("CINDER_API_KEY", "sesame")],
+    );
+    assert_eq!(keyed.get("/v1/models").0, 401);
+    let (status, _, text) = keyed.post_raw("/v1/completions", &body, Some("sesame"));
+    assert_eq!(status, 404, "{text}"); // authorised: only the model is not there
+    drop(keyed);
+    // Beyond loopback without a key: served, with a warning.
+    let open = Server::start(dir.path(), &["--runs", "runs", "--host", "0.0.0.0"]);
+    assert_eq!(open.get("/v1/models").0, 200);
+    let log = read(&open.log);
+    assert!(
+        log.contains("warning: listening on 0.0.0.0 without --api-key"),
+        "{log}"
+    );
+    drop(open);
+
     // Two models with one id: refused at start.
     let out = Command::new(env!("CARGO_BIN_EXE_serve"))
         .current_dir(dir.path())

@@ -93,9 +93,17 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path, args: &[&str]) -> Server {
+        Self::start_with(dir, args, &[])
+    }
+
+    /// `serve` with `args` and the environment variables `env` (the caller's CINDER_API_KEY
+    /// never).
+    pub fn start_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let log = dir.join(format!("serve-{}.log", std::process::id()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
             .current_dir(dir)
+            .env_remove("CINDER_API_KEY")
+            .envs(env.iter().copied())
             .args(["--port", "0"])
             .args(args)
             .stdout(Stdio::piped())
