@@ -320,22 +320,22 @@ impl Worker {
         let id = first.model.clone();
         let mut decoder = Decoder::new(&model.gpt, true, &model.device);
         let mut running: Vec<Running> = Vec::new();
-        let mut next = Some((first, events)); // taken from the queue, not yet admitted
+        // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
+        // admitted, so that its client may still leave (and free its place) while it waits
+        // for room.
+        let mut next = Some((first, events, None));
         let mut closed = false;
         loop {
             // Newcomers join at a token boundary, while their rows fit.
             loop {
-                let (job, events) = match next.take() {
+                let (job, events, claim) = match next.take() {
                     Some(taken) => taken,
                     None if closed => break,
                     None => match self.inbox.try_recv() {
                         Ok(Work::Complete(job, events, claim))
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
-                            if !claim.take() {
-                                continue; // its client left
-                            }
-                            (job, events)
+                            (job, events, Some(claim))
                         }
                         Ok(other) => {
                             self.waiting.push_back(other);
@@ -347,8 +347,11 @@ impl Worker {
                 };
                 let rows: usize = running.iter().map(Running::row_count).sum();
                 if !running.is_empty() && rows + job.prompts.len() * job.n > self.max_rows {
-                    next = Some((job, events)); // when rows leave
+                    next = Some((job, events, claim)); // when rows leave
                     break;
+                }
+                if claim.is_some_and(|claim| !claim.take()) {
+                    continue; // its client left while it waited
                 }
                 match Running::admit(job, events, &model.tokenizer, &self.load) {
                     Ok(Some(request)) => {

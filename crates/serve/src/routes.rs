@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, Uri, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::api::{ApiError, Header, Limits, Usage, parse_completion};
 use crate::engine::{Event, Finish, Queue};
@@ -53,8 +54,25 @@ pub fn router(app: App) -> Router {
             }
         })
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
+        // The page may load and ask only this server: nothing reaches the network.
+        .layer(SetResponseHeaderLayer::if_not_present(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ))
+        .layer(SetResponseHeaderLayer::if_not_present(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        ))
         .with_state(app)
 }
+
+/// What the page may load and ask: this server only (uPlot sets inline styles).
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; style-src 'self' 'unsafe-inline'; \
+     img-src 'self' data:; frame-ancestors 'none'";
 
 /// What the log line of a request names, beyond its method, path, status and time.
 #[derive(Clone, Default)]
