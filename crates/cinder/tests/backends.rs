@@ -58,16 +58,19 @@ fn copy_run(from: &Path, to: &Path) {
 }
 
 /// Trains `flags` (which stop at step 10) on the CPU, then resumes that run to step 14 on the CPU (in
-/// `dir/cpu`) and on the GPU (in `dir/gpu`), and checks that the two took the same steps: the
+/// `dir/cpu`) and on the GPU (in `dir/gpu-1`), and checks that the two took the same steps: the
 /// train losses of steps 11-14 and the last validation loss agree within 1e-3.
 ///
 /// wgpu tunes its kernels on their first uses, and on lavapipe a step taken meanwhile was seen to
-/// differ (by 0.017, 2 runs in 15). The GPU first resumes a throwaway copy of the run: the tuned
-/// choices are cached on disk, and the compared run starts on settled kernels.
+/// differ (by 0.017, 2 runs in 15). The GPU first resumes a throwaway copy of the run, so that
+/// the tuned choices are cached on disk and the compared run starts on settled kernels. A cold
+/// cache was still seen to leave one step apart (by 0.014, 1 run in 4, passing on the next two
+/// runs with the same binaries): the GPU then resumes a second copy (`dir/gpu-2`), which must
+/// agree. A real disagreement, which does not depend on timing, fails both.
 fn cpu_and_gpu_steps_agree(dir: &Path, flags: &[String]) -> [PathBuf; 2] {
     let corpus = corpus_in(dir);
-    let (on_cpu, on_gpu) = (dir.join("cpu"), dir.join("gpu"));
-    let warm_up = dir.join("warm-up");
+    let on_cpu = dir.join("cpu");
+    let at_ten = dir.join("step-10");
     cpu("train")
         .current_dir(dir)
         .args(flags)
@@ -77,45 +80,54 @@ fn cpu_and_gpu_steps_agree(dir: &Path, flags: &[String]) -> [PathBuf; 2] {
         .arg(&on_cpu)
         .assert()
         .success();
-    copy_run(&on_cpu, &on_gpu);
-    copy_run(&on_cpu, &warm_up);
-    for (mut train, run) in [
-        (gpu("train"), &warm_up),
-        (cpu("train"), &on_cpu),
-        (gpu("train"), &on_gpu),
-    ] {
+    copy_run(&on_cpu, &at_ten);
+    let resume = |mut train: Command, run: &Path| {
         train
             .current_dir(dir)
             .args(["--max-iters", "14", "--quiet", "--resume"])
             .arg(run)
             .assert()
             .success();
-    }
-    let [a, b] = [&on_cpu, &on_gpu].map(|run| metrics::read(&run.join("metrics.csv")).unwrap());
-    let resumed = |rows: Vec<metrics::Row>| -> Vec<_> {
+    };
+    let warm_up = dir.join("warm-up");
+    copy_run(&at_ten, &warm_up);
+    resume(gpu("train"), &warm_up);
+    resume(cpu("train"), &on_cpu);
+    let resumed = |run: &Path| -> Vec<_> {
+        let rows = metrics::read(&run.join("metrics.csv")).unwrap();
         let rows = rows.into_iter().filter(|r| r.iter > 10);
         rows.map(|r| (r.iter, r.train_loss, r.val_loss)).collect()
     };
-    let (a, b) = (resumed(a), resumed(b));
+    let a = resumed(&on_cpu);
     let iters: Vec<u64> = a.iter().map(|r| r.0).collect();
-    assert_eq!(iters, [11, 12, 13, 14], "cpu {a:?}\ngpu {b:?}");
-    assert_eq!(
-        a.iter().map(|r| r.2.is_some()).collect::<Vec<_>>(),
-        b.iter().map(|r| r.2.is_some()).collect::<Vec<_>>()
-    );
+    assert_eq!(iters, [11, 12, 13, 14], "cpu {a:?}");
     assert!(
         a.iter().any(|r| r.2.is_some()),
         "no evaluation after the resume: {a:?}"
     );
-    for (x, y) in a.iter().zip(&b) {
-        let close = |p: f32, q: f32| (p - q).abs() < 1e-3;
-        assert!(
-            close(x.1, y.1) && x.2.zip(y.2).is_none_or(|(p, q)| close(p, q)),
-            "iteration {}: cpu {x:?} gpu {y:?}",
-            x.0
-        );
+    let close = |p: f32, q: f32| (p - q).abs() < 1e-3;
+    for attempt in 1..=2 {
+        let on_gpu = dir.join(format!("gpu-{attempt}"));
+        copy_run(&at_ten, &on_gpu);
+        resume(gpu("train"), &on_gpu);
+        let b = resumed(&on_gpu);
+        let apart = (a.len() != b.len())
+            .then(|| format!("cpu {a:?}\ngpu {b:?}"))
+            .or_else(|| {
+                a.iter().zip(&b).find_map(|(x, y)| {
+                    let same_val = x.2.is_some() == y.2.is_some()
+                        && x.2.zip(y.2).is_none_or(|(p, q)| close(p, q));
+                    (!(x.0 == y.0 && close(x.1, y.1) && same_val))
+                        .then(|| format!("iteration {}: cpu {x:?} gpu {y:?}", x.0))
+                })
+            });
+        match apart {
+            None => return [on_cpu, on_gpu],
+            Some(why) if attempt == 1 => eprintln!("the GPU's first resume differs, again: {why}"),
+            Some(why) => panic!("{why}"),
+        }
     }
-    [on_cpu, on_gpu]
+    unreachable!("the second attempt returns or fails")
 }
 
 /// The loss `evaluate` prints for `checkpoint`.
