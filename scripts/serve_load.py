@@ -135,7 +135,7 @@ def ceiling(args):
         capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     # generate reports its own sampling speed on stderr; fall back to the wall time.
-    m = re.search(r"([\d.]+) tokens/s", out.stderr)
+    m = re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr)
     rate = float(m.group(1)) if m else 32 * args.tokens / wall
     return f"ceiling: generate --num-samples 32 --max-new-tokens {args.tokens}: {rate:.0f} tokens/s" + (
         "" if m else f" (32 x {args.tokens} tokens / {wall:.1f} s wall, start-up included)")
