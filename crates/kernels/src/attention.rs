@@ -261,6 +261,10 @@ pub struct CachedShape {
 /// its text up to its own. With `last_only`, only each text's last query is computed (all a
 /// sampler needs of the last block).
 ///
+/// The cache is a ring: position `p` sits in slot `p % block`. A text past `block` positions
+/// (one new position per pass, then) writes over its oldest and attends to its last `block`:
+/// the sliding window of rotary positions, whose keys carry only their distance to the query.
+///
 /// # Shapes
 /// - qkv: `[S, new, 3C]`; keys, values: `[S, block, C]`, heads side by side; starts: `[S]` or `[0]`
 /// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only`
@@ -276,8 +280,8 @@ pub fn forward_cached(
     let (n, c) = (s.new, s.n_embd);
     let start = |text: usize| crate::start_of(starts, text);
     assert!(
-        (0..s.samples).all(|t| start(t) + n <= s.block),
-        "the cache holds at most block positions"
+        (0..s.samples).all(|t| start(t) + n <= s.block || n == 1),
+        "a pass fits in the cache's block positions, or slides it by one"
     );
     assert_eq!(qkv.len(), s.samples * n * 3 * c);
     assert_eq!(keys.len(), s.samples * s.block * c);
@@ -285,7 +289,7 @@ pub fn forward_cached(
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
     for (r, row) in qkv.chunks_exact(3 * c).enumerate() {
-        let at = ((r / n) * s.block + start(r / n) + r % n) * c;
+        let at = ((r / n) * s.block + (start(r / n) + r % n) % s.block) * c;
         keys[at..at + c].copy_from_slice(&row[c..2 * c]);
         values[at..at + c].copy_from_slice(&row[2 * c..]);
     }
@@ -318,8 +322,9 @@ pub fn forward_cached(
         let row = slot / s.n_head; // (text, output row)
         let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
         let q = &qkv[(sample * n + i) * 3 * c + h * hs..][..hs];
-        let first = sample * s.block * c + h * hs; // position 0 of this text and head
-        let seen = start(sample) + i + 1;
+        let first = sample * s.block * c + h * hs; // slot 0 of this text and head
+        // Past block positions, every slot: the last block, in ring order (the sums ignore it).
+        let seen = (start(sample) + i + 1).min(s.block);
         attend_row(q, &keys[first..], &values[first..], c, seen, scale, out);
     });
 }

@@ -34,3 +34,13 @@ pub mod simd;
 pub fn start_of(starts: &[usize], b: usize) -> usize {
     if starts.is_empty() { 0 } else { starts[b] }
 }
+
+/// The first positions of the distinct rows of positions a pass over `starts` needs: each
+/// sequence's, or one row starting at 0 that serves every sequence when none are given.
+pub fn position_rows(starts: &[usize]) -> Vec<usize> {
+    if starts.is_empty() {
+        vec![0]
+    } else {
+        starts.to_vec()
+    }
+}

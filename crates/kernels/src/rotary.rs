@@ -50,21 +50,30 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], inverse: bool) {
     }
 }
 
-/// The cosine and sine tables of `s`, `[positions, hs/2]` from position 0 to the last any
-/// sequence reaches (empty without RoPE).
+/// The cosine and sine tables of `s`, `[rows, hs/2]` each, one row of angles per position row
+/// ([`crate::position_rows`]: the `seq` positions of each sequence, or of all at once); empty
+/// without RoPE. Only the positions the pass has are computed: a text decoded past its context
+/// with a sliding cache is at positions that grow without end.
 fn tables(s: &Qk) -> (Vec<f32>, Vec<f32>) {
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
     if s.rope {
-        let end = s.starts.iter().max().copied().unwrap_or(0) + s.seq;
-        rope_table(0, end, s.n_embd / s.n_head)
-    } else {
-        (Vec::new(), Vec::new())
+        for start in crate::position_rows(&s.starts) {
+            let (c, sn) = rope_table(start, s.seq, s.n_embd / s.n_head);
+            cos.extend(c);
+            sin.extend(sn);
+        }
     }
+    (cos, sin)
 }
 
 impl Qk {
-    /// The position of row `row` of the `[B·T, 3C]` projection.
-    fn position(&self, row: usize) -> usize {
-        crate::start_of(&self.starts, row / self.seq) + row % self.seq
+    /// The row of [`tables`] that row `row` of the `[B·T, 3C]` projection turns by.
+    fn table_row(&self, row: usize) -> usize {
+        if self.starts.is_empty() {
+            row % self.seq
+        } else {
+            row
+        }
     }
 }
 
@@ -85,7 +94,7 @@ pub fn forward(qkv: &[f32], s: &Qk, out: &mut [f32], rstd: &mut [f32]) {
         .for_each(|(task, ((out, qkv), rstd))| {
             let rows = out.chunks_exact_mut(3 * c).zip(qkv.chunks_exact(3 * c));
             for (i, ((o, x), r)) in rows.zip(rstd.chunks_exact_mut(2 * h)).enumerate() {
-                let t = s.position(task * rows_per(c) + i);
+                let t = s.table_row(task * rows_per(c) + i);
                 o.copy_from_slice(x);
                 for (head, r) in r.iter_mut().enumerate() {
                     let at = head * hs..(head + 1) * hs; // queries' heads, then keys'
@@ -125,7 +134,7 @@ pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: &Qk, dqkv: &mut [f32
                 let rows = dx.chunks_exact_mut(3 * c).zip(dout.chunks_exact(3 * c));
                 let rows = rows.zip(out.chunks_exact(3 * c).zip(rstd.chunks_exact(2 * h)));
                 for (i, ((dx, dout), (out, rstd))) in rows.enumerate() {
-                    let t = s.position(task * rows_per(c) + i);
+                    let t = s.table_row(task * rows_per(c) + i);
                     dx.copy_from_slice(dout);
                     for (head, &r) in rstd.iter().enumerate() {
                         let at = head * hs..(head + 1) * hs;

@@ -13,7 +13,7 @@ use crate::cache::{KvCache, LayerKv};
 #[cfg(feature = "flex")]
 use crate::ops::fused;
 use crate::ops::{self, Pass, Site, fused_or};
-use cinder_kernels::start_of;
+use cinder_kernels::position_rows;
 
 /// What a pass through the blocks keeps besides the residual stream: the one switch between
 /// training and evaluation, cached sampling, and `inspect`'s attention maps.
@@ -143,7 +143,8 @@ impl CausalSelfAttention {
 
     /// The composite attention over the keys and values of the tokens seen before (`kv`, the
     /// cache's `[B, block, C]` buffers, `starts[b]` positions of row `b` filled), which are
-    /// written in.
+    /// written in: position `p` at slot `p % block`, a ring, as the fused kernel does
+    /// (`cinder_kernels::attention::forward_cached`).
     fn composite_cached(
         &self,
         qkv: Tensor<3>,
@@ -152,24 +153,23 @@ impl CausalSelfAttention {
         pass: Pass,
     ) -> (Tensor<3>, LayerKv) {
         let [b, t, c3] = qkv.dims();
-        let c = c3 / 3;
+        let (c, block) = (c3 / 3, keys.dims()[1]);
+        let slots: Vec<usize> = position_rows(starts).iter().map(|s| s % block).collect();
         let write = |mut buffer: Tensor<3>, part: usize| {
             let new = qkv.clone().narrow(2, part * c, c); // (B, T, C)
-            if starts
-                .iter()
-                .all(|&s| s == starts.first().copied().unwrap_or(0))
-            {
-                let s = start_of(starts, 0);
+            if slots.iter().all(|&s| s == slots[0]) {
+                let s = slots[0];
                 return buffer.slice_assign([0..b, s..s + t, 0..c], new);
             }
-            for (r, &s) in starts.iter().enumerate() {
+            for (r, &s) in slots.iter().enumerate() {
                 let row = new.clone().narrow(0, r, 1);
                 buffer = buffer.slice_assign([r..r + 1, s..s + t, 0..c], row);
             }
             buffer
         };
         let (keys, values) = (write(keys, 1), write(values, 2));
-        let end = starts.iter().max().copied().unwrap_or(0) + t;
+        // Past block positions a row sees every slot: its last block, in ring order.
+        let end = (starts.iter().max().copied().unwrap_or(0) + t).min(block);
         let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, end);
         let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), starts, pass);
         (y, (keys, values))

@@ -2,8 +2,8 @@
 
 use burn::prelude::*;
 
-/// One layer's keys and values, `[B, block_size, C]` each, heads side by side; the first
-/// [`KvCache::len`] positions are filled.
+/// One layer's keys and values, `[B, block_size, C]` each, heads side by side; row `b`'s
+/// positions `..lens[b]` are in slots `p % block_size` (its last `block_size`).
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 
 /// Keys and values of every layer for the tokens already fed through [`crate::Gpt::forward_cached`],
@@ -13,14 +13,16 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// embeddings), and written in place by the fused layers (by `slice_assign` on the composite
 /// ones). Each row holds its own number of positions: texts decoded together may have started
 /// at different times. Rows leave ([`KvCache::retain_rows`]) and join ([`KvCache::append`])
-/// between passes. A sampler that needs to go past `block_size` clears the cache and starts
-/// again over the last window.
+/// between passes. Past `block_size`, a cache of rotary positions slides: position `p` is
+/// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]); with learned
+/// positions a sampler starts a new cache over the last window.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
     /// Positions the buffers hold (the model's context).
     block_size: usize,
-    /// Positions each row holds (the position of its next token); none before the first pass.
+    /// Positions each row has seen (the position of its next token; past `block_size`, the
+    /// cache holds the last `block_size` of them); none before the first pass.
     lens: Vec<usize>,
 }
 

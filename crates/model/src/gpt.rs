@@ -10,7 +10,7 @@ use burn::prelude::*;
 use crate::attention::Keep;
 use crate::block::Block;
 use crate::cache::KvCache;
-use crate::config::{GptConfig, Norm};
+use crate::config::{GptConfig, Norm, Position};
 use crate::ops::{self, DropoutKey, Ops, Pass};
 
 /// A decoder-only transformer. Build it with [`crate::GptConfig::init`].
@@ -82,7 +82,8 @@ impl Gpt {
     ///
     /// # Shapes
     /// - idx: `[B, T_new]`, `B` the rows the cache holds (any, when it is empty), each with
-    ///   `cache.lens()[b] + T_new <= block_size`
+    ///   `cache.lens()[b] + T_new <= block_size`, or `T_new = 1` when the cache slides
+    ///   ([`Gpt::cache_slides`])
     /// - output: `[B, vocab_size]`
     pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
         let [b, t_new] = idx.dims();
@@ -90,12 +91,15 @@ impl Gpt {
             cache.n_layer() == self.n_layer() && cache.block_size() == self.block_size(),
             "a cache made for another model (KvCache::new(model.n_layer(), model.block_size()))"
         );
+        let slides = t_new == 1 && self.cache_slides();
         assert!(
-            cache
-                .lens()
-                .iter()
-                .all(|&len| len + t_new <= self.block_size()),
-            "the cache holds at most block_size positions"
+            slides
+                || cache
+                    .lens()
+                    .iter()
+                    .all(|&len| len + t_new <= self.block_size()),
+            "the cache holds at most block_size positions (past them, rotary positions slide one \
+             token at a time)"
         );
         let pass = self.pass(&idx.device(), None);
         // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
@@ -116,6 +120,15 @@ impl Gpt {
         };
         cache.advance(b, t_new);
         logits.reshape([b, self.vocab_size()])
+    }
+
+    /// Whether the key/value cache may go on past `block_size`, one token at a time, each token
+    /// attending to the cached keys and values of the last `block_size` tokens (a sliding
+    /// window). True with rotary positions: a query meets every key at its distance, never more
+    /// than `block_size - 1`, as in training. Learned positions end at `block_size`: past it, a
+    /// sampler runs the last window whole per token instead.
+    pub fn cache_slides(&self) -> bool {
+        self.config.position == Position::Rope
     }
 
     /// Longest context the model accepts.

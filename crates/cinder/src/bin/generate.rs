@@ -53,7 +53,8 @@ struct Args {
     /// Seed of the sampling; the same seed and options give the same text
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Re-run the whole context for every token instead of using the key/value cache
+    /// Re-run the whole window for every token instead of using the key/value cache (past the
+    /// context: exact windows, also with RoPE, whose cache slides)
     #[arg(long)]
     no_cache: bool,
     /// Print only the generated text (no prompt echo, separators or summary)

@@ -113,19 +113,25 @@ impl Picker {
 /// decodes its samples as rows, and a server the requests of many clients.
 ///
 /// A row's context is its last `block_size` tokens. With the cache, each token costs one
-/// position's work while the text fits in `block_size`; a row that joins first runs its text
-/// through a cache of its own (rows of one length together), then joins the others' cache.
-/// Past `block_size`, the learned positions of every token in the window shift at each step, so
-/// the window is run whole (and the row's cache refilled) per token, which gives exactly the
-/// logits of the uncached path; rotary positions are run the same way.
+/// position's work; a row that joins first runs its text's last window through a cache of its
+/// own (rows of one length together), then joins the others' cache. Past `block_size`:
+/// - rotary positions: the cache slides ([`Gpt::cache_slides`]): each token attends to the
+///   cached keys and values of the last `block_size` tokens, as they were computed when each was
+///   new, at one position's cost;
+/// - learned positions: every token's position shifts at each step, so the window is run whole
+///   (and the row's cache refilled) per token: exactly the logits of the uncached path.
+///
+/// Without the cache, every token's window is run whole (exact windows), whatever the
+/// positions; with rotary positions that differs from the cache past `block_size`.
 pub struct Decoder<'a> {
     model: &'a Gpt,
     device: Device,
     /// Each row's text: every token, prompt included.
     texts: Vec<Vec<u32>>,
-    /// The cache of the rows computed so far, in row order (`cached` says which rows).
+    /// The cache of the rows computed so far, in row order (`fed` says which rows).
     cache: Option<KvCache>,
-    cached: Vec<bool>,
+    /// Tokens of each row's text the cache has seen (0: not in the cache yet).
+    fed: Vec<usize>,
 }
 
 impl<'a> Decoder<'a> {
@@ -136,7 +142,7 @@ impl<'a> Decoder<'a> {
             device: device.clone(),
             texts: Vec::new(),
             cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
-            cached: Vec::new(),
+            fed: Vec::new(),
         }
     }
 
@@ -150,14 +156,14 @@ impl<'a> Decoder<'a> {
         for text in texts {
             assert!(!text.is_empty(), "a row's text holds at least one token");
             self.texts.push(text);
-            self.cached.push(false);
+            self.fed.push(0);
         }
     }
 
     /// Removes the rows `rows`; the rows after them move up.
     pub fn leave(&mut self, rows: Range<usize>) {
         if let Some(cache) = &mut self.cache {
-            let index = cache_index(&self.cached);
+            let index = cache_index(&self.fed);
             let keep: Vec<usize> = (0..self.texts.len())
                 .filter(|r| !rows.contains(r))
                 .filter_map(|r| index[r])
@@ -165,7 +171,7 @@ impl<'a> Decoder<'a> {
             cache.retain_rows(&keep);
         }
         self.texts.drain(rows.clone());
-        self.cached.drain(rows);
+        self.fed.drain(rows);
     }
 
     /// Appends `token` to row `row`'s text.
@@ -201,12 +207,13 @@ impl<'a> Decoder<'a> {
             }
             return logits;
         };
-        // Rows whose cache holds all their text but the last token go on with one position.
-        let index = cache_index(&self.cached);
-        let lens = cache.lens().to_vec();
+        // Rows whose cache has seen all their text but the last token go on with one position
+        // (past block_size, only if the cache slides).
+        let index = cache_index(&self.fed);
+        let slides = model.cache_slides();
         let on = |r: usize| {
             let len = self.texts[r].len();
-            index[r].is_some_and(|i| len == lens[i] + 1 && len <= block)
+            index[r].is_some() && len == self.fed[r] + 1 && (len <= block || slides)
         };
         let going_on: Vec<usize> = (0..n).filter(|&r| on(r)).collect();
         cache.retain_rows(
@@ -241,18 +248,18 @@ impl<'a> Decoder<'a> {
             by_row.sort_by_key(|&i| order[i]);
             cache.retain_rows(&by_row);
         }
-        self.cached = vec![true; n];
+        self.fed = self.texts.iter().map(Vec::len).collect();
         logits
     }
 }
 
-/// Each row's index among the cached rows (none for a row not computed yet).
-fn cache_index(cached: &[bool]) -> Vec<Option<usize>> {
+/// Each row's index among the cached rows (none for a row not computed yet), from the tokens
+/// the cache has seen of each.
+fn cache_index(fed: &[usize]) -> Vec<Option<usize>> {
     let mut next = 0;
-    cached
-        .iter()
-        .map(|&c| {
-            c.then(|| {
+    fed.iter()
+        .map(|&f| {
+            (f > 0).then(|| {
                 next += 1;
                 next - 1
             })

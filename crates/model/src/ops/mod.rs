@@ -8,8 +8,8 @@ use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::{gelu as composite_gelu, gelu_approximate, log_softmax};
 use cinder_kernels::dropout::{Mask, site_seed};
+use cinder_kernels::position_rows;
 use cinder_kernels::rotary::{self, Qk};
-use cinder_kernels::start_of;
 
 use crate::Activation;
 
@@ -174,16 +174,13 @@ pub(crate) fn embed(
             }
         },
         composite => {
-            let [b, t] = idx.dims();
+            let [_, t] = idx.dims();
             let device = idx.device();
             let mut x = wte.forward(idx);
             if let Some(wpe) = wpe {
-                // Each row's positions (one row for all when they all start at 0).
-                let rows = if starts.is_empty() { 1 } else { b };
-                let pos: Vec<i64> = (0..rows)
-                    .flat_map(|r| (0..t).map(move |i| (start_of(starts, r) + i) as i64))
-                    .collect();
-                let pos = Tensor::<2, Int>::from_data(TensorData::new(pos, [rows, t]), &device);
+                let firsts = position_rows(starts);
+                let pos: Vec<i64> = firsts.iter().flat_map(|&s| (s..s + t).map(|p| p as i64)).collect();
+                let pos = Tensor::<2, Int>::from_data(TensorData::new(pos, [firsts.len(), t]), &device);
                 x = x + wpe.forward(pos); // (B, T, C) + (B or 1, T, C)
             }
             if normalise {
@@ -254,16 +251,15 @@ pub(crate) fn rotate_qk(
             let (c, hs) = (s.n_embd, s.n_embd / n_head);
             let half = hs / 2;
             let device = qkv.device();
-            // Each row's angles (one row for all when they all start at 0).
-            let rows = if starts.is_empty() { 1 } else { b };
+            let firsts = position_rows(starts);
             let (mut cos, mut sin) = (Vec::new(), Vec::new());
-            for r in 0..rows {
-                let (c, s) = rotary::rope_table(start_of(starts, r), t, hs);
+            for &first in &firsts {
+                let (c, s) = rotary::rope_table(first, t, hs);
                 cos.extend(c);
                 sin.extend(s);
             }
             let table = |v: Vec<f32>| {
-                Tensor::<4>::from_data(TensorData::new(v, [rows, t, 1, half]), &device)
+                Tensor::<4>::from_data(TensorData::new(v, [firsts.len(), t, 1, half]), &device)
             };
             let (cos, sin) = (table(cos), table(sin));
             let turn = |part: usize| {
