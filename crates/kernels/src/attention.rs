@@ -313,46 +313,69 @@ pub fn forward_cached(
         }
         return;
     }
-    let hs = c / s.n_head;
-    let scale = 1.0 / (hs as f32).sqrt();
+    let scale = 1.0 / ((c / s.n_head) as f32).sqrt();
     let (keys, values) = (&*keys, &*values);
-    // One task per (text, output row, head): a query against the positions it may see.
-    y.par_chunks_mut(hs).enumerate().for_each(|(slot, out)| {
-        let h = slot % s.n_head;
-        let row = slot / s.n_head; // (text, output row)
-        let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
-        let q = &qkv[(sample * n + i) * 3 * c + h * hs..][..hs];
-        let first = sample * s.block * c + h * hs; // slot 0 of this text and head
-        // Past block positions, every slot: the last block, in ring order (the sums ignore it).
-        let seen = (start(sample) + i + 1).min(s.block);
-        attend_row(q, &keys[first..], &values[first..], c, seen, scale, out);
-    });
+    // One task per (text, output row): its query, every head, against the positions it may see.
+    y.par_chunks_mut(c)
+        .enumerate()
+        .for_each_init(Vec::new, |weights, (row, out)| {
+            let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
+            let q = &qkv[(sample * n + i) * 3 * c..][..c];
+            let cache = sample * s.block * c..(sample + 1) * s.block * c; // this text's [block, C]
+            // Past block positions, every slot: the last block, in ring order (the sums ignore it).
+            let seen = (start(sample) + i + 1).min(s.block);
+            weights.resize(s.n_head * (seen + 1), 0.0);
+            let at = Attend {
+                n_head: s.n_head,
+                seen,
+                scale,
+            };
+            attend_row(q, &keys[cache.clone()], &values[cache], at, weights, out);
+        });
+}
+
+/// What [`attend_row`] needs besides its slices.
+#[derive(Clone, Copy)]
+struct Attend {
+    n_head: usize,
+    /// Cached positions the query sees: the first `seen` of the text's.
+    seen: usize,
+    scale: f32,
 }
 
 multiversion! {
-    /// One query `q` against the first `seen` cached positions, whose keys and values for this
-    /// head start `keys`, `values` and are `stride` apart: `out` written.
+    /// One position's query `q` `[C]` (heads side by side) against the first `a.seen` cached
+    /// positions of its text, `keys`, `values` `[block, C]`: `out` `[C]` written, `scratch`
+    /// `[H * (seen + 1)]` (each head's weights, then each head's sum). The cache is read
+    /// position after position, every head at once, in the order it lies in memory; each head's
+    /// sums run in the same order as a head alone.
     fn attend_row(
         q: &[f32],
         keys: &[f32],
         values: &[f32],
-        stride: usize,
-        seen: usize,
-        scale: f32,
+        a: Attend,
+        scratch: &mut [f32],
         out: &mut [f32],
     ) {
-        let hs = q.len();
-        let mut w = vec![0.0f32; seen];
-        for (t, wt) in w.iter_mut().enumerate() {
-            *wt = dot(q, &keys[t * stride..t * stride + hs]) * scale;
+        let (c, seen) = (q.len(), a.seen);
+        let hs = c / a.n_head;
+        let (weights, totals) = scratch.split_at_mut(a.n_head * seen);
+        for (t, k) in keys.chunks_exact(c).take(seen).enumerate() {
+            for (h, (q, k)) in q.chunks_exact(hs).zip(k.chunks_exact(hs)).enumerate() {
+                weights[h * seen + t] = dot(q, k) * a.scale;
+            }
         }
-        let shift = max(&w);
-        let total = exp_shifted_sum(&mut w, shift);
+        for (w, total) in weights.chunks_exact_mut(seen).zip(totals.iter_mut()) {
+            let shift = max(w);
+            *total = exp_shifted_sum(w, shift);
+        }
         out.fill(0.0);
-        for (t, wt) in w.iter().enumerate() {
-            let wt = wt / total;
-            for (o, v) in out.iter_mut().zip(&values[t * stride..t * stride + hs]) {
-                *o += wt * v;
+        for (t, v) in values.chunks_exact(c).take(seen).enumerate() {
+            for (h, (o, v)) in out.chunks_exact_mut(hs).zip(v.chunks_exact(hs)).enumerate() {
+                let wt = weights[h * seen + t] / totals[h];
+                for (o, v) in o.iter_mut().zip(v) {
+                    *o += wt * v;
+                }
             }
         }
     }
