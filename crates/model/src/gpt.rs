@@ -1,8 +1,6 @@
 //! The whole model: embeddings, blocks, final norm, and the head (tied to the token embedding,
 //! or a matrix of its own).
 
-use std::sync::OnceLock;
-
 use burn::module::Param;
 use burn::nn::{Dropout, Embedding, LayerNorm};
 use burn::prelude::*;
@@ -107,14 +105,7 @@ impl Gpt {
         const SMALL_PASS: usize = 200_000_000;
         let run = || self.logits(idx, pass, &mut Keep::Cache(cache)); // (B, 1, V)
         let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
-            static ONE_THREAD: OnceLock<rayon::ThreadPool> = OnceLock::new();
-            let pool = ONE_THREAD.get_or_init(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(1)
-                    .build()
-                    .expect("a one-thread pool")
-            });
-            pool.install(run)
+            pools::one().install(run) // at once inside `sampling`
         } else {
             in_pool(pass, run)
         };
@@ -216,11 +207,56 @@ impl Gpt {
 }
 
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
-/// start without a hand-off to the pool and back.
+/// start without a hand-off to the pool and back. Inside [`sampling`], on every core of a pool of
+/// its own.
 fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
-    if pass.fused {
-        rayon::scope(|_| f())
-    } else {
+    if !pass.fused {
         f()
+    } else if pools::in_one() {
+        pools::wide().install(f)
+    } else {
+        rayon::scope(|_| f())
+    }
+}
+
+/// Runs `f`, a sampling loop, on the thread that runs small cached passes
+/// ([`Gpt::forward_cached`]), so that each of them starts at once instead of handing its work
+/// to that thread and waiting for it to come back: on a 2-core machine that hand-off cost more
+/// than the default model's whole pass (BENCHMARKS.md section 20). Larger passes inside `f`
+/// still run on every core. The results are the same either way.
+pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pools::one().install(f)
+}
+
+/// The thread pools of sampling.
+mod pools {
+    use std::sync::OnceLock;
+
+    use rayon::{ThreadPool, ThreadPoolBuilder};
+
+    static ONE: OnceLock<ThreadPool> = OnceLock::new();
+    static WIDE: OnceLock<ThreadPool> = OnceLock::new();
+
+    /// One thread: small cached passes, and the sampling loops around them.
+    pub fn one() -> &'static ThreadPool {
+        ONE.get_or_init(|| build(1))
+    }
+
+    /// Whether this is [`one`]'s thread.
+    pub fn in_one() -> bool {
+        ONE.get()
+            .is_some_and(|pool| pool.current_thread_index().is_some())
+    }
+
+    /// Rayon's default number of threads: the larger passes of a sampling loop.
+    pub fn wide() -> &'static ThreadPool {
+        WIDE.get_or_init(|| build(0))
+    }
+
+    fn build(threads: usize) -> ThreadPool {
+        ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool")
     }
 }

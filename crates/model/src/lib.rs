@@ -20,6 +20,6 @@ pub use attention::CausalSelfAttention;
 pub use block::Block;
 pub use cache::KvCache;
 pub use config::{Activation, ConfigError, GptConfig, LAYER_NORM_EPSILON, Norm, Position};
-pub use gpt::Gpt;
+pub use gpt::{Gpt, sampling};
 pub use mlp::Mlp;
 pub use ops::{DropoutKey, Ops, cross_entropy};

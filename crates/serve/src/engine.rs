@@ -299,8 +299,11 @@ impl Worker {
                     match std::panic::catch_unwind(get).unwrap_or_else(|_| Err(failed())) {
                         Ok(model) => {
                             // A panic in Burn (memory, say) fails the batch's requests (their
-                            // places are freed as they drop), not the worker.
-                            let batch = AssertUnwindSafe(|| self.batch(model, job, events));
+                            // places are freed as they drop), not the worker. The batch runs on
+                            // the sampling thread, as `generate` does.
+                            let batch = AssertUnwindSafe(|| {
+                                cinder_model::sampling(|| self.batch(model, job, events))
+                            });
                             let _ = std::panic::catch_unwind(batch);
                         }
                         Err(e) => {

@@ -117,7 +117,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         tokens: tokenizer.vocab_size(),
     };
     let prompt_str = tokenizer.decode(&prompt);
-    let mut out = std::io::stdout().lock();
+    // Not locked: the samples are written from the sampling thread (cinder_model::sampling).
+    let mut out = std::io::stdout();
     let separator = "\n---------------\n";
     if !args.quiet {
         write!(out, "{prompt_str}")?;

@@ -46,18 +46,29 @@ impl TokenFlow for ControlFlow<()> {
 /// [`Decoder`], calling
 /// `on_token(sample, token)` as each token is chosen; an `on_token` that returns
 /// `ControlFlow::Break` ends the generation after the current step. Returns the new tokens of
-/// every sample.
+/// every sample. It runs on the sampling thread ([`cinder_model::sampling`]).
 pub fn generate<F: TokenFlow>(
     model: &Gpt,
     prompt: &[u32],
     opts: &GenerateOptions,
     device: &Device,
-    mut on_token: impl FnMut(usize, u32) -> F,
+    mut on_token: impl FnMut(usize, u32) -> F + Send,
 ) -> Vec<Vec<u32>> {
     assert!(
         !prompt.is_empty(),
         "the prompt must hold at least one token"
     );
+    cinder_model::sampling(|| sample(model, prompt, opts, device, &mut on_token))
+}
+
+/// [`generate`]'s loop.
+fn sample<F: TokenFlow>(
+    model: &Gpt,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    device: &Device,
+    on_token: &mut impl FnMut(usize, u32) -> F,
+) -> Vec<Vec<u32>> {
     let n = opts.num_samples;
     let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens);
     let mut decoder = Decoder::new(model, opts.use_cache, device);
