@@ -2,14 +2,18 @@
 """Load on `serve`: N concurrent clients, each streaming one completion of TOKENS tokens.
 
     python3 scripts/serve_load.py --serve target/release/serve --checkpoint RUN [--clients 1 8 32 64]
-        [--tokens 200] [--generate target/release/generate]
+        [--tokens 200] [--repeat 5] [--generate target/release/generate]
 
 For each number of clients it starts a fresh `serve --checkpoint RUN` (its own port), waits for
-it, loads the model with one request, then starts the clients at once (threads, one HTTP
-connection each, the standard library only) and prints one row: aggregate tokens/s (tokens
-received over the wall time from the first request to the last [DONE]), time to first token
-(median and p99), the server's peak resident memory (VmHWM), and failed or truncated responses
-(any response that is not 200, has no [DONE], or has fewer than TOKENS tokens of usage).
+it, loads the model with one request, then --repeat times starts the clients at once (threads,
+one HTTP connection each, the standard library only) and prints one row: aggregate tokens/s
+(tokens received over the wall time from the first request to the last [DONE]; the median of
+the bursts, and their range), time to first token (median and p99 over every burst's
+requests), the server's peak resident memory (VmHWM), and failed or truncated responses (any
+response that is not 200, has no [DONE], or has fewer than TOKENS tokens of usage).
+
+The clients run on the same cores as the server: while streaming they only keep what arrives
+and when, and parse it once every client of the burst is done.
 
 Every client sends a seed (its index) and temperature 0.8: the last column counts the clients
 whose text differs from what the same request gives alone on an idle server (batch
@@ -20,7 +24,6 @@ With --generate it first measures the ceiling, `generate --num-samples 32 --max-
 """
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -38,21 +41,57 @@ def free_port():
         return s.getsockname()[1]
 
 
-def request(port, body):
-    """Streams one completion; returns (status, text, usage, done, ttft_s, total_s)."""
+def stream(port, body):
+    """Streams one completion over HTTP/1.1 on a plain socket; returns (start, [(time, bytes)]):
+    what each `recv` brought and when. Parsing waits until every client is done ([`parse`]), so
+    that the clients, on the same cores as the server, take as little as they can from it."""
     start = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        resp.read()
-        return resp.status, "", None, False, None, time.perf_counter() - start
-    text, usage, done, ttft = "", None, False, None
-    for raw in resp:
-        line = raw.decode().strip()
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nConnection: close\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    pieces, clock, tail = [], time.perf_counter, b""
+    while True:
+        piece = sock.recv(1 << 16)
+        if not piece:
+            break
+        pieces.append((clock(), piece))
+        tail = (tail + piece)[-64:]
+        if b"data: [DONE]" in tail:
+            break  # a stream's end (a whole completion ends with the connection)
+    sock.close()
+    return start, pieces
+
+
+def parse(streamed):
+    """(status, text, usage, done, ttft_s) of a [`stream`]: TTFT is the arrival of the first
+    event (every event of a character model holds text)."""
+    start, pieces = streamed
+    raw = b"".join(p for _, p in pieces)
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    ttft = next((at - start for at, p in pieces if b"data: {" in p), None)
+    if status != 200:
+        return status, "", None, False, ttft
+    if b"chunked" in head.lower():
+        parts, at = [], 0
+        while at < len(rest):
+            end = rest.index(b"\r\n", at)
+            n = int(rest[at:end], 16)
+            if n == 0:
+                break
+            parts.append(rest[end + 2:end + 2 + n])
+            at = end + 2 + n + 2
+        rest = b"".join(parts)
+    if not head.lower().count(b"text/event-stream"):
+        whole = json.loads(rest)  # not streamed: one completion object, its time as TTFT
+        return status, whole["choices"][0]["text"], whole["usage"], True, pieces[-1][0] - start
+    text, usage, done = "", None, False
+    for line in rest.decode().split("\n"):
         if not line.startswith("data: "):
             continue
-        data = line[6:]
+        data = line[6:].strip()
         if data == "[DONE]":
             done = True
             break
@@ -62,11 +101,12 @@ def request(port, body):
         if chunk.get("usage"):
             usage = chunk["usage"]
         for choice in chunk.get("choices", []):
-            if choice["text"] and ttft is None:
-                ttft = time.perf_counter() - start
             text += choice["text"]
-    conn.close()
-    return 200, text, usage, done, ttft, time.perf_counter() - start
+    return status, text, usage, done, ttft
+
+
+def request(port, body):
+    return parse(stream(port, body))
 
 
 def body(model, seed, tokens, stream=True):
@@ -93,52 +133,59 @@ def run(args, clients):
         assert line.startswith("listening on"), line
         model = os.path.basename(os.path.normpath(args.checkpoint))
         request(port, body(model, 0, 2))  # loads the model
-        results = [None] * clients
-        barrier = threading.Barrier(clients + 1)
+        rates, ttfts, bad, first = [], [], 0, None
+        for _ in range(args.repeat):
+            results = [None] * clients
+            barrier = threading.Barrier(clients + 1)
 
-        def client(i):
+            def client(i):
+                barrier.wait()
+                results[i] = stream(port, body(model, i, args.tokens, not args.whole))
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+            for t in threads:
+                t.start()
             barrier.wait()
-            results[i] = request(port, body(model, i, args.tokens))
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        start = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+            start = time.perf_counter()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - start
+            results = [parse(r) for r in results]
+            first = first or results
+            bad += sum(1 for r in results if r[0] != 200 or not r[3] or not r[2]
+                       or r[2]["completion_tokens"] != args.tokens)
+            rates.append(sum(r[2]["completion_tokens"] for r in results if r[2]) / wall)
+            ttfts += [r[4] for r in results if r[4] is not None]
         peak = peak_rss_mib(serve.pid)
-        bad = [r for r in results
-               if r[0] != 200 or not r[3] or not r[2] or r[2]["completion_tokens"] != args.tokens]
-        tokens = sum(r[2]["completion_tokens"] for r in results if r[2])
-        ttfts = sorted(r[4] for r in results if r[4] is not None)
+        ttfts.sort()
         p99 = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))] if ttfts else float("nan")
         # The same requests one at a time on the idle server.
         differ = 0
         for i in range(min(clients, args.invariance)):
-            alone = request(port, body(model, i, args.tokens))
-            differ += alone[1] != results[i][1]
+            alone = request(port, body(model, i, args.tokens, not args.whole))
+            differ += alone[1] != first[i][1]
         checked = min(clients, args.invariance)
-        return (f"| {clients} | {tokens / wall:.0f} | {statistics.median(ttfts) * 1000:.0f} | "
-                f"{p99 * 1000:.0f} | {peak:.0f} | {len(bad)} | {differ} of {checked} |")
+        spread = f"{min(rates):.0f}-{max(rates):.0f}"
+        return (f"| {clients} | {statistics.median(rates):.0f} ({spread}) | "
+                f"{statistics.median(ttfts) * 1000:.0f} | {p99 * 1000:.0f} | {peak:.0f} | "
+                f"{bad} | {differ} of {checked} |")
     finally:
         serve.terminate()
         serve.wait()
 
 
 def ceiling(args):
-    start = time.perf_counter()
-    out = subprocess.run(
-        [args.generate, "--checkpoint", args.checkpoint, "--num-samples", "32",
-         "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1"],
-        capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    # generate reports its own sampling speed on stderr; fall back to the wall time.
-    m = re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr)
-    rate = float(m.group(1)) if m else 32 * args.tokens / wall
-    return f"ceiling: generate --num-samples 32 --max-new-tokens {args.tokens}: {rate:.0f} tokens/s" + (
-        "" if m else f" (32 x {args.tokens} tokens / {wall:.1f} s wall, start-up included)")
+    rates = []
+    for _ in range(args.repeat):
+        out = subprocess.run(
+            [args.generate, "--checkpoint", args.checkpoint, "--num-samples", "32",
+             "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1"],
+            capture_output=True, text=True, check=True)
+        # generate reports its own sampling speed on stderr.
+        rates.append(float(re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr).group(1)))
+    return (f"ceiling: generate --num-samples 32 --max-new-tokens {args.tokens}: "
+            f"{statistics.median(rates):.0f} tokens/s (median of {args.repeat}, "
+            f"{min(rates):.0f}-{max(rates):.0f})")
 
 
 def main():
@@ -148,6 +195,12 @@ def main():
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--whole", action="store_true",
+                   help="ask for whole completions, not streams: the batching without an event "
+                        "per token (TTFT is then the whole response's time)")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="bursts of clients per row (and runs of the ceiling): the median is shown, "
+                        "with the range")
     p.add_argument("--invariance", type=int, default=8,
                    help="clients whose text is compared with the same request alone")
     args = p.parse_args()
@@ -155,7 +208,7 @@ def main():
     os.makedirs(args.empty, exist_ok=True)
     if args.generate:
         print(ceiling(args), flush=True)
-    print("| clients | tokens/s | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) | failed or truncated | differ from alone |")
+    print("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) | failed or truncated | differ from alone |")
     print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for clients in args.clients:
         print(run(args, clients), flush=True)
