@@ -141,8 +141,11 @@ pub struct Decoder<'a> {
     texts: Vec<Vec<u32>>,
     /// The cache of the rows computed so far, in row order (`fed` says which rows).
     cache: Option<KvCache>,
-    /// Tokens of each row's text the cache has seen (0: not in the cache yet).
+    /// Tokens of each row's text the cache has seen (0: not in the cache).
     fed: Vec<usize>,
+    /// The cache of windows run whole past the context of learned positions, kept for its
+    /// buffers.
+    scratch: Option<KvCache>,
 }
 
 impl<'a> Decoder<'a> {
@@ -154,6 +157,7 @@ impl<'a> Decoder<'a> {
             texts: Vec::new(),
             cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
             fed: Vec::new(),
+            scratch: None,
         }
     }
 
@@ -242,16 +246,25 @@ impl<'a> Decoder<'a> {
             put(&going_on, model.forward_cached(ids, cache));
         }
         // The others run their window from an empty cache, rows of one length together, and
-        // join the cache after the rows that went on.
+        // join the cache after the rows that went on; a full window of learned positions,
+        // which is run whole again next time, runs through the scratch cache instead.
         let mut order = going_on;
         for rows in by_window(&self.texts, block, (0..n).filter(|&r| !on(r))) {
             let t = window(rows[0]).len();
             let tokens: Vec<u32> = rows.iter().flat_map(|&r| window(r)).copied().collect();
-            let mut own = KvCache::new(model.n_layer(), block);
             let ids = ids_tensor(&tokens, [rows.len(), t], &self.device);
-            put(&rows, model.forward_cached(ids, &mut own));
-            cache.append(own);
-            order.extend(rows);
+            if t < block || slides {
+                let mut own = KvCache::new(model.n_layer(), block);
+                put(&rows, model.forward_cached(ids, &mut own));
+                cache.append(own);
+                order.extend(rows);
+            } else {
+                let scratch = self
+                    .scratch
+                    .get_or_insert_with(|| KvCache::new(model.n_layer(), block));
+                scratch.clear(); // its buffers are reused
+                put(&rows, model.forward_cached(ids, scratch));
+            }
         }
         // The cache's rows back in row order.
         if !order.is_sorted() {
@@ -259,7 +272,10 @@ impl<'a> Decoder<'a> {
             by_row.sort_by_key(|&i| order[i]);
             cache.retain_rows(&by_row);
         }
-        self.fed = self.texts.iter().map(Vec::len).collect();
+        self.fed = vec![0; n];
+        for r in order {
+            self.fed[r] = self.texts[r].len();
+        }
         logits
     }
 }
