@@ -50,6 +50,11 @@ fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("the text does not fit the model: {e}"))?;
     let val = &ids[ids.len() * 9 / 10..];
     let (n, len, block) = (args.segments, args.length, loaded.model.block_size());
+    anyhow::ensure!(n > 0, "--segments must be at least 1");
+    anyhow::ensure!(
+        len > block + 1,
+        "--length must exceed the context ({block} tokens) by 2 or more"
+    );
     anyhow::ensure!(
         n * len <= val.len(),
         "the validation split holds {} tokens",
@@ -68,7 +73,8 @@ fn main() -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         let mut decoder = Decoder::new(&loaded.model, use_cache, &device);
         decoder.join(segments.iter().map(|s| s[..1].to_vec()));
-        // Loss sums and counts: within the context (positions < block_size) and past it.
+        // Loss sums and counts: within the context (a token predicted from at most block_size
+        // tokens: the whole text so far) and past it.
         let (mut within, mut past) = ((0.0f64, 0usize), (0.0f64, 0usize));
         for i in 1..len {
             let logits = decoder.next_logits();
@@ -82,7 +88,7 @@ fn main() -> anyhow::Result<()> {
                     .sum::<f64>()
                     .ln();
                 let loss = log_sum - (row_logits[segment[i] as usize] - max) as f64;
-                let bucket = if i < block { &mut within } else { &mut past };
+                let bucket = if i <= block { &mut within } else { &mut past };
                 bucket.0 += loss;
                 bucket.1 += 1;
                 decoder.push(row, segment[i]);

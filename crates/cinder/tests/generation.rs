@@ -25,19 +25,19 @@ fn model(n_layer: usize, position: Position) -> cinder_model::Gpt {
 
 /// The largest difference between the logits of two decoders of `model`, one with the layers
 /// and cache switch `tested`, the other `reference`'s, at every step of two random texts grown
-/// from 3 tokens to 3 x block_size; each step's is checked against `within` while the texts
-/// fit in block_size and against `past` after.
+/// by 21 tokens from prompts of `prompt` tokens; each step's is checked against `within` while
+/// the texts fit in block_size and against `past` after.
 fn compare_decoders(
     model: &cinder_model::Gpt,
-    tested: (Ops, bool),
-    reference: (Ops, bool),
+    (tested, reference): ((Ops, bool), (Ops, bool)),
+    prompt: usize,
     within: impl Fn(f32) -> bool,
     past: impl Fn(f32) -> bool,
 ) {
     let device = common::backend().device;
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let mut texts: Vec<Vec<u32>> = (0..2)
-        .map(|_| (0..3).map(|_| rng.random_range(0..13)).collect())
+        .map(|_| (0..prompt).map(|_| rng.random_range(0..13)).collect())
         .collect();
     let with = |(ops, _): (Ops, bool)| model.clone().with_ops(ops);
     let (a_model, b_model) = (with(tested), with(reference));
@@ -83,13 +83,8 @@ fn equal(diff: f32) -> bool {
 /// 2 x block_size.
 fn check_against_full_forward(ops: Ops, use_cache: bool) {
     let model = model(2, Position::Learned);
-    compare_decoders(
-        &model,
-        (ops, use_cache),
-        (Ops::Composite, false),
-        equal,
-        equal,
-    );
+    let paths = ((ops, use_cache), (Ops::Composite, false));
+    compare_decoders(&model, paths, 3, equal, equal);
 }
 
 /// Rows that join and leave a decoder at their own times, each at its own length, get the
@@ -104,17 +99,12 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
         (Ops::Composite, false),
         (Ops::Composite, true),
     ] {
-        let serial = common::serial();
-        device.seed(5);
-        let mut config = GptConfig::new(13, 8)
-            .with_n_layer(2)
-            .with_n_head(2)
-            .with_n_embd(16);
-        if rope {
-            config = config.with_position(Position::Rope);
-        }
-        let model = config.init(&device).unwrap().with_ops(ops);
-        drop(serial);
+        let position = if rope {
+            Position::Rope
+        } else {
+            Position::Learned
+        };
+        let model = model(2, position).with_ops(ops);
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         // Row k joins at step 3k with a prompt of k + 1 tokens and leaves after 12 steps.
         let prompts: Vec<Vec<u32>> = (0..4)
@@ -185,12 +175,16 @@ fn fused_logits_equal_the_composite_full_forward_at_every_step() {
 
 /// With rotary positions the cache slides past block_size. In a model of one block a token's key
 /// and value depend only on the token and, through the rotation, its distance to the query: the
-/// sliding window then gives exactly the full forward pass's logits over the last window.
+/// sliding window then gives exactly the full forward pass's logits over the last window, from
+/// a short prompt or from one longer than the context.
 #[test]
 fn a_sliding_cache_of_one_block_equals_the_full_forward_past_block_size() {
     let model = model(1, Position::Rope);
     for ops in [Ops::Fused, Ops::Composite] {
-        compare_decoders(&model, (ops, true), (Ops::Composite, false), equal, equal);
+        for prompt in [3, 20] {
+            let paths = ((ops, true), (Ops::Composite, false));
+            compare_decoders(&model, paths, prompt, equal, equal);
+        }
     }
 }
 
@@ -201,20 +195,45 @@ fn a_sliding_cache_of_one_block_equals_the_full_forward_past_block_size() {
 fn a_sliding_cache_differs_from_exact_windows_only_past_block_size() {
     let model = model(2, Position::Rope);
     let differ = |diff: f32| diff > 1e-4; // 1e-3 and more here
-    compare_decoders(
-        &model,
-        (Ops::Fused, true),
-        (Ops::Composite, false),
-        equal,
-        differ,
-    );
-    compare_decoders(
-        &model,
-        (Ops::Fused, true),
-        (Ops::Composite, true),
-        equal,
-        equal,
-    );
+    let sliding = (Ops::Fused, true);
+    compare_decoders(&model, (sliding, (Ops::Composite, false)), 3, equal, differ);
+    compare_decoders(&model, (sliding, (Ops::Composite, true)), 3, equal, equal);
+}
+
+/// Sampling loops started on different threads run on threads of their own: a loop whose
+/// callback waits for another thread's whole generation is not stuck in front of it.
+#[test]
+fn sampling_loops_on_different_threads_do_not_wait_for_each_other() {
+    let device = common::backend().device;
+    let model = model(1, Position::Rope);
+    let opts = GenerateOptions {
+        max_new_tokens: 5,
+        num_samples: 1,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        },
+        seed: 0,
+        use_cache: true,
+        tokens: 13,
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let (model, opts, device) = (&model, &opts, &device);
+        let mut first = true;
+        generate(model, &[1], opts, device, move |_, _| {
+            if std::mem::take(&mut first) {
+                let done = done.clone();
+                scope.spawn(move || {
+                    generate(model, &[2], opts, device, |_, _| {});
+                    done.send(()).unwrap();
+                });
+                let waited = finished.recv_timeout(std::time::Duration::from_secs(20));
+                assert!(waited.is_ok(), "the other thread's generation never ran");
+            }
+        });
+    });
 }
 
 #[test]

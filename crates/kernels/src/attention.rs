@@ -258,7 +258,7 @@ pub struct CachedShape {
 /// Attention for inference over a key/value cache: the new positions' keys and values are
 /// written into the cache, after the `starts[t]` positions text `t` has there already (each
 /// text its own length; [`crate::start_of`]), and each new query attends to every position of
-/// its text up to its own. With `last_only`, only each text's last query is computed (all a
+/// its text up to its own that the cache holds (the last `block`, past them: see below). With `last_only`, only each text's last query is computed (all a
 /// sampler needs of the last block).
 ///
 /// The cache is a ring: position `p` sits in slot `p % block`. A text past `block` positions

@@ -37,7 +37,8 @@ impl KvCache {
         }
     }
 
-    /// Positions each row holds (the position of its next token).
+    /// Positions each row has seen (the position of its next token; past `block_size`, the
+    /// cache holds the last `block_size` of them).
     pub fn lens(&self) -> &[usize] {
         &self.lens
     }

@@ -105,7 +105,7 @@ impl Gpt {
         const SMALL_PASS: usize = 200_000_000;
         let run = || self.logits(idx, pass, &mut Keep::Cache(cache)); // (B, 1, V)
         let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
-            pools::one().install(run) // at once inside `sampling`
+            pools::one_thread(run)
         } else {
             in_pool(pass, run)
         };
@@ -208,44 +208,78 @@ impl Gpt {
 
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
 /// start without a hand-off to the pool and back. Inside [`sampling`], on every core of a pool of
-/// its own.
+/// its own (rayon's default size, whatever pool the caller of `sampling` was in).
 fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
     if !pass.fused {
         f()
-    } else if pools::in_one() {
+    } else if pools::sampling_here() {
         pools::wide().install(f)
     } else {
         rayon::scope(|_| f())
     }
 }
 
-/// Runs `f`, a sampling loop, on the thread that runs small cached passes
+/// Runs `f`, a sampling loop, on the thread that runs this thread's small cached passes
 /// ([`Gpt::forward_cached`]), so that each of them starts at once instead of handing its work
 /// to that thread and waiting for it to come back: on a 2-core machine that hand-off cost more
 /// than the default model's whole pass (BENCHMARKS.md section 20). Larger passes inside `f`
-/// still run on every core. The results are the same either way.
+/// still run on every core. Each calling thread has a thread of its own for this: loops started
+/// on different threads never wait for each other. The results are the same either way.
 pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    pools::one().install(f)
+    pools::ONE.with(|pool| {
+        pool.install(|| {
+            let _here = pools::Sampling::start();
+            f()
+        })
+    })
 }
 
 /// The thread pools of sampling.
 mod pools {
+    use std::cell::Cell;
     use std::sync::OnceLock;
 
     use rayon::{ThreadPool, ThreadPoolBuilder};
 
-    static ONE: OnceLock<ThreadPool> = OnceLock::new();
-    static WIDE: OnceLock<ThreadPool> = OnceLock::new();
-
-    /// One thread: small cached passes, and the sampling loops around them.
-    pub fn one() -> &'static ThreadPool {
-        ONE.get_or_init(|| build(1))
+    thread_local! {
+        /// This thread's one-thread pool: its small cached passes, and its sampling loops.
+        pub static ONE: ThreadPool = build(1);
+        /// Whether a sampling loop runs on this thread (one of the [`ONE`] pools' threads).
+        static HERE: Cell<bool> = const { Cell::new(false) };
     }
 
-    /// Whether this is [`one`]'s thread.
-    pub fn in_one() -> bool {
-        ONE.get()
-            .is_some_and(|pool| pool.current_thread_index().is_some())
+    static WIDE: OnceLock<ThreadPool> = OnceLock::new();
+
+    /// A sampling loop running on this thread, until dropped (a panic included).
+    pub struct Sampling;
+
+    impl Sampling {
+        pub fn start() -> Self {
+            HERE.set(true);
+            Sampling
+        }
+    }
+
+    impl Drop for Sampling {
+        fn drop(&mut self) {
+            HERE.set(false);
+        }
+    }
+
+    /// Whether a sampling loop runs on this thread: a pass here runs at once, on this thread
+    /// alone (a one-thread pool's).
+    pub fn sampling_here() -> bool {
+        HERE.get()
+    }
+
+    /// Runs the small pass `f` on one thread: this one inside a sampling loop, else this
+    /// thread's one-thread pool.
+    pub fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        if sampling_here() {
+            f()
+        } else {
+            ONE.with(|pool| pool.install(f))
+        }
     }
 
     /// Rayon's default number of threads: the larger passes of a sampling loop.

@@ -13,7 +13,6 @@ use cinder_data::Tokenizer;
 use cinder_model::Gpt;
 use serde::{Deserialize, Serialize};
 
-use crate::run::eval;
 use crate::run::trainer::{EvalReport, Observer, StepReport};
 use crate::sampling::generate::{GenerateOptions, generate};
 use crate::sampling::{DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams};
@@ -77,7 +76,7 @@ pub fn sample(
         use_cache: true,
         tokens: tokenizer.vocab_size(),
     };
-    let new = eval::in_pool(|| generate(model, &prompt, &opts, device, |_, _| {}));
+    let new = generate(model, &prompt, &opts, device, |_, _| {});
     let mut all = prompt;
     all.extend(&new[0]);
     tokenizer.decode(&all)
