@@ -5,8 +5,8 @@
         [--tokens 200] [--repeat 5] [--generate target/release/generate]
 
 For each number of clients it starts a fresh `serve --checkpoint RUN` (its own port), waits for
-it, loads the model with one request, then --repeat times starts the clients at once (threads,
-one HTTP connection each, the standard library only) and prints one row: aggregate tokens/s
+it, loads the model with one request, then --repeat times starts the clients at once (one HTTP
+connection each, all read by one thread, the standard library only) and prints one row: aggregate tokens/s
 (tokens received over the wall time from the first request to the last [DONE]; the median of
 the bursts, and their range), time to first token (median and p99 over every burst's
 requests), the server's peak resident memory (VmHWM), and failed or truncated responses (any
@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import re
+import selectors
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 
@@ -41,27 +41,41 @@ def free_port():
         return s.getsockname()[1]
 
 
-def stream(port, body):
-    """Streams one completion over HTTP/1.1 on a plain socket; returns (start, [(time, bytes)]):
-    what each `recv` brought and when. Parsing waits until every client is done ([`parse`]), so
-    that the clients, on the same cores as the server, take as little as they can from it."""
-    start = time.perf_counter()
-    payload = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nConnection: close\r\n"
-                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    pieces, clock, tail = [], time.perf_counter, b""
-    while True:
-        piece = sock.recv(1 << 16)
-        if not piece:
-            break
-        pieces.append((clock(), piece))
-        tail = (tail + piece)[-64:]
-        if b"data: [DONE]" in tail:
-            break  # a stream's end (a whole completion ends with the connection)
-    sock.close()
-    return start, pieces
+def burst(port, bodies):
+    """Starts one streamed completion per body at once, each on its own HTTP/1.1 connection, and
+    reads them all from one thread (a selector): returns, per body, (start, [(time, bytes)]):
+    what each `recv` brought and when. One thread that only keeps bytes takes far less from the
+    server's cores than a thread per client would; parsing waits until every client is done
+    ([`parse`])."""
+    clock, sel, out = time.perf_counter, selectors.DefaultSelector(), []
+    for i, body in enumerate(bodies):
+        start = clock()
+        payload = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nConnection: close\r\n"
+                     + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        sock.setblocking(False)
+        out.append((start, []))
+        sel.register(sock, selectors.EVENT_READ, (i, [b""]))
+    left = len(bodies)
+    while left:
+        for key, _ in sel.select():
+            (i, tail), sock = key.data, key.fileobj
+            try:
+                piece = sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            if piece:
+                out[i][1].append((clock(), piece))
+                tail[0] = (tail[0] + piece)[-64:]
+            # A stream ends with [DONE]; a whole completion with the connection.
+            if not piece or b"data: [DONE]" in tail[0]:
+                sel.unregister(sock)
+                sock.close()
+                left -= 1
+    sel.close()
+    return out
 
 
 def parse(streamed):
@@ -106,7 +120,7 @@ def parse(streamed):
 
 
 def request(port, body):
-    return parse(stream(port, body))
+    return parse(burst(port, [body])[0])
 
 
 def body(model, seed, tokens, stream=True):
@@ -122,6 +136,22 @@ def peak_rss_mib(pid):
     return float("nan")
 
 
+def cpu_seconds(pid):
+    """CPU seconds the server's threads have used, by kind: its generation thread and the rest
+    (the HTTP runtime's threads)."""
+    used = {"engine": 0.0, "http": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ran = int(f.read().split()[0]) / 1e9  # nanoseconds on a CPU
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        used["engine" if name == "generation" else "http"] += ran
+    return used
+
+
 def run(args, clients):
     port = free_port()
     serve = subprocess.Popen(
@@ -134,22 +164,19 @@ def run(args, clients):
         model = os.path.basename(os.path.normpath(args.checkpoint))
         request(port, body(model, 0, 2))  # loads the model
         rates, ttfts, bad, first = [], [], 0, None
+        # Cores busy during the bursts: the server's generation thread, its HTTP threads, and
+        # the clients (this process).
+        cores = {"engine": [], "http": [], "clients": []}
         for _ in range(args.repeat):
-            results = [None] * clients
-            barrier = threading.Barrier(clients + 1)
-
-            def client(i):
-                barrier.wait()
-                results[i] = stream(port, body(model, i, args.tokens, not args.whole))
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-            for t in threads:
-                t.start()
-            barrier.wait()
+            before, mine = cpu_seconds(serve.pid), time.process_time()
             start = time.perf_counter()
-            for t in threads:
-                t.join()
+            results = burst(port, [body(model, i, args.tokens, not args.whole)
+                                   for i in range(clients)])
             wall = time.perf_counter() - start
+            after = cpu_seconds(serve.pid)
+            for kind in after:
+                cores[kind].append((after[kind] - before[kind]) / wall)
+            cores["clients"].append((time.process_time() - mine) / wall)
             results = [parse(r) for r in results]
             first = first or results
             bad += sum(1 for r in results if r[0] != 200 or not r[3] or not r[2]
@@ -168,7 +195,8 @@ def run(args, clients):
         spread = f"{min(rates):.0f}-{max(rates):.0f}"
         return (f"| {clients} | {statistics.median(rates):.0f} ({spread}) | "
                 f"{statistics.median(ttfts) * 1000:.0f} | {p99 * 1000:.0f} | {peak:.0f} | "
-                f"{bad} | {differ} of {checked} |")
+                f"{bad} | {differ} of {checked} | "
+                + " / ".join(f"{statistics.median(v):.2f}" for v in cores.values()) + " |")
     finally:
         serve.terminate()
         serve.wait()
@@ -208,8 +236,8 @@ def main():
     os.makedirs(args.empty, exist_ok=True)
     if args.generate:
         print(ceiling(args), flush=True)
-    print("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) | failed or truncated | differ from alone |")
-    print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    print("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) | failed or truncated | differ from alone | cores busy: engine / HTTP / clients |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for clients in args.clients:
         print(run(args, clients), flush=True)
 
