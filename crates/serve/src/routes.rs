@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tower_http::set_header::SetResponseHeaderLayer;
 
@@ -262,8 +263,16 @@ async fn collect(
     }
 }
 
+/// Events taken from the worker at once, at most: a stream that fell behind catches up in
+/// steps of this many, so that one stream does not hold a runtime thread for long.
+const CATCH_UP: usize = 256;
+
 /// A completion as server-sent events: a chunk per piece of text, one with each choice's
 /// `finish_reason`, the usage if asked for, then `[DONE]`.
+///
+/// The events the worker has sent meanwhile are read together, and a choice's consecutive
+/// pieces of text go as one chunk: a client (or a server) that falls behind under load catches
+/// up in fewer, longer chunks, instead of paying an event's cost for every token.
 fn stream(
     rx: UnboundedReceiver<Event>,
     header: Header,
@@ -274,6 +283,8 @@ fn stream(
     struct Stream {
         rx: UnboundedReceiver<Event>,
         pending: VecDeque<SseEvent>,
+        /// A choice's text read and not yet sent: (index, text).
+        text: Option<(usize, String)>,
         ended: bool,
         header: Header,
         prompt_tokens: usize,
@@ -298,9 +309,65 @@ fn stream(
     fn data(value: serde_json::Value) -> SseEvent {
         SseEvent::default().data(value.to_string())
     }
+    impl Stream {
+        /// Queues the chunk of the text read so far, if any.
+        fn flush_text(&mut self) {
+            if let Some((index, text)) = self.text.take() {
+                self.pending
+                    .push_back(data(self.header.chunk(index, &text, None)));
+            }
+        }
+
+        /// Takes one of the worker's events (`None`: the worker is gone).
+        fn read(&mut self, event: Option<Event>) {
+            if let Some(Event::Text { index, text }) = event {
+                match &mut self.text {
+                    Some((i, read)) if *i == index => read.push_str(&text),
+                    _ => {
+                        self.flush_text();
+                        self.text = Some((index, text));
+                    }
+                }
+                return;
+            }
+            self.flush_text();
+            let chunk = match event {
+                Some(Event::Started { .. } | Event::Text { .. }) => return,
+                Some(Event::Finished { index, reason }) => {
+                    self.header.chunk(index, "", Some(reason))
+                }
+                Some(Event::Done { completion_tokens }) => {
+                    if self.include_usage {
+                        let usage = Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens,
+                        };
+                        self.pending.push_back(data(self.header.usage_chunk(usage)));
+                    }
+                    self.pending.push_back(SseEvent::default().data("[DONE]"));
+                    self.ended = true;
+                    self.logged.tokens = Some(completion_tokens);
+                    return;
+                }
+                Some(Event::Failed(e)) => {
+                    self.ended = true;
+                    self.failed = Some(e.status.as_u16());
+                    e.body()
+                }
+                None => {
+                    self.ended = true;
+                    let e = ApiError::worker_gone();
+                    self.failed = Some(e.status.as_u16());
+                    e.body()
+                }
+            };
+            self.pending.push_back(data(chunk));
+        }
+    }
     let start = Stream {
         rx,
         pending: VecDeque::new(),
+        text: None,
         ended: false,
         header,
         prompt_tokens,
@@ -317,36 +384,119 @@ fn stream(
             if s.ended {
                 return None;
             }
-            let event = match s.rx.recv().await {
-                Some(Event::Started { .. }) => continue,
-                Some(Event::Text { index, text }) => s.header.chunk(index, &text, None),
-                Some(Event::Finished { index, reason }) => s.header.chunk(index, "", Some(reason)),
-                Some(Event::Done { completion_tokens }) => {
-                    if s.include_usage {
-                        let usage = Usage {
-                            prompt_tokens: s.prompt_tokens,
-                            completion_tokens,
-                        };
-                        s.pending.push_back(data(s.header.usage_chunk(usage)));
-                    }
-                    s.pending.push_back(SseEvent::default().data("[DONE]"));
-                    s.ended = true;
-                    s.logged.tokens = Some(completion_tokens);
-                    continue;
+            let first = s.rx.recv().await;
+            s.read(first);
+            // What else has come meanwhile, up to the stream's end.
+            for _ in 1..CATCH_UP {
+                if s.ended {
+                    break;
                 }
-                Some(Event::Failed(e)) => {
-                    s.ended = true;
-                    s.failed = Some(e.status.as_u16());
-                    e.body()
+                match s.rx.try_recv() {
+                    Ok(event) => s.read(Some(event)),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => s.read(None),
                 }
-                None => {
-                    s.ended = true;
-                    let e = ApiError::worker_gone();
-                    s.failed = Some(e.status.as_u16());
-                    e.body()
-                }
-            };
-            s.pending.push_back(data(event));
+            }
+            s.flush_text();
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The data of each event of `events`, sent before the stream is read: what a client that
+    /// fell behind receives.
+    async fn read_behind(events: Vec<Event>) -> Vec<String> {
+        let (tx, rx) = unbounded_channel();
+        for event in events {
+            tx.send(event).unwrap();
+        }
+        drop(tx);
+        let header = Header {
+            id: "cmpl-0".into(),
+            created: 0,
+            model: "m".into(),
+        };
+        let sse = Sse::new(stream(rx, header, 2, true, Logged::default()));
+        let body = axum::body::to_bytes(sse.into_response().into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        body.split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn text(index: usize, text: &str) -> Event {
+        Event::Text {
+            index,
+            text: text.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_behind_sends_each_choices_waiting_text_as_one_chunk_in_order() {
+        let data = read_behind(vec![
+            Event::Started { prompt_tokens: 2 },
+            text(0, "a"),
+            text(0, "b"),
+            text(1, "x"),
+            text(0, "c"),
+            text(0, "é"),
+            Event::Finished {
+                index: 0,
+                reason: Finish::Length,
+            },
+            text(1, "y"),
+            Event::Finished {
+                index: 1,
+                reason: Finish::Stop,
+            },
+            Event::Done {
+                completion_tokens: 6,
+            },
+        ])
+        .await;
+        let chunk = |d: &String| serde_json::from_str::<serde_json::Value>(d).unwrap();
+        let choices: Vec<(u64, String, serde_json::Value)> = data[..data.len() - 2]
+            .iter()
+            .map(|d| {
+                let c = &chunk(d)["choices"][0];
+                let text = c["text"].as_str().unwrap().to_string();
+                (
+                    c["index"].as_u64().unwrap(),
+                    text,
+                    c["finish_reason"].clone(),
+                )
+            })
+            .collect();
+        let null = serde_json::Value::Null;
+        assert_eq!(
+            choices,
+            [
+                (0, "ab".into(), null.clone()),
+                (1, "x".into(), null.clone()),
+                (0, "cé".into(), null.clone()),
+                (0, "".into(), json!("length")),
+                (1, "y".into(), null.clone()),
+                (1, "".into(), json!("stop")),
+            ]
+        );
+        assert_eq!(
+            chunk(&data[data.len() - 2])["usage"]["completion_tokens"],
+            6
+        );
+        assert_eq!(data[data.len() - 1], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_worker_is_gone_ends_with_an_error_after_its_text() {
+        let data = read_behind(vec![Event::Started { prompt_tokens: 2 }, text(0, "ab")]).await;
+        assert_eq!(data.len(), 2, "{data:?}");
+        assert!(data[0].contains("\"ab\""), "{data:?}");
+        assert!(data[1].contains("\"error\""), "{data:?}");
+    }
 }
