@@ -324,7 +324,7 @@ pub fn forward_cached(
             let cache = sample * s.block * c..(sample + 1) * s.block * c; // this text's [block, C]
             // Past block positions, every slot: the last block, in ring order (the sums ignore it).
             let seen = (start(sample) + i + 1).min(s.block);
-            weights.resize(s.n_head * (seen + 1), 0.0);
+            weights.resize(s.n_head * seen, 0.0);
             let at = Attend {
                 n_head: s.n_head,
                 seen,
@@ -346,9 +346,9 @@ struct Attend {
 multiversion! {
     /// One position's query `q` `[C]` (heads side by side) against the first `a.seen` cached
     /// positions of its text, `keys`, `values` `[block, C]`: `out` `[C]` written, `scratch`
-    /// `[H * (seen + 1)]` (each head's weights, then each head's sum). The cache is read
-    /// position after position, every head at once, in the order it lies in memory; each head's
-    /// sums run in the same order as a head alone.
+    /// `[H * seen]` (each head's weights). The cache is read position after position, every
+    /// head at once, in the order it lies in memory; each head's sums run in the same order as
+    /// a head alone.
     fn attend_row(
         q: &[f32],
         keys: &[f32],
@@ -359,20 +359,21 @@ multiversion! {
     ) {
         let (c, seen) = (q.len(), a.seen);
         let hs = c / a.n_head;
-        let (weights, totals) = scratch.split_at_mut(a.n_head * seen);
+        let weights = &mut scratch[..a.n_head * seen];
         for (t, k) in keys.chunks_exact(c).take(seen).enumerate() {
             for (h, (q, k)) in q.chunks_exact(hs).zip(k.chunks_exact(hs)).enumerate() {
                 weights[h * seen + t] = dot(q, k) * a.scale;
             }
         }
-        for (w, total) in weights.chunks_exact_mut(seen).zip(totals.iter_mut()) {
+        for w in weights.chunks_exact_mut(seen) {
             let shift = max(w);
-            *total = exp_shifted_sum(w, shift);
+            let total = exp_shifted_sum(w, shift);
+            w.iter_mut().for_each(|w| *w /= total);
         }
         out.fill(0.0);
         for (t, v) in values.chunks_exact(c).take(seen).enumerate() {
             for (h, (o, v)) in out.chunks_exact_mut(hs).zip(v.chunks_exact(hs)).enumerate() {
-                let wt = weights[h * seen + t] / totals[h];
+                let wt = weights[h * seen + t];
                 for (o, v) in o.iter_mut().zip(v) {
                     *o += wt * v;
                 }

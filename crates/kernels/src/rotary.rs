@@ -3,6 +3,9 @@
 //! unchanged. RoPE pairs the two halves of a head (GPT-NeoX's layout): element `i` and
 //! `i + hs/2` turn by the angle `pos · base^(-i / (hs/2))`.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use rayon::prelude::*;
 
 use crate::{rmsnorm, rows};
@@ -25,15 +28,61 @@ pub struct Qk {
     pub norm_eps: Option<f32>,
 }
 
+/// Positions whose angles each thread keeps once computed (per head size): every pass of a
+/// decoding step turns by the same few positions, layer after layer and step after step.
+/// Past them (a sliding cache far along) angles are computed for each pass.
+const KEPT_POSITIONS: usize = 1 << 13;
+
+/// The cosines and sines of consecutive positions' angles: `[positions, hs/2]` each.
+type Table = (Vec<f32>, Vec<f32>);
+
+thread_local! {
+    /// Head size -> the cosines and sines of positions `0..len / (hs/2)`, as [`angles`]
+    /// computes them.
+    static KEPT: RefCell<HashMap<usize, Table>> = RefCell::default();
+}
+
 /// The cosines and sines of RoPE's angles for positions `start..start + seq`: `[seq, hs/2]` each.
 /// The composite version builds its tensors from this table too.
-pub fn rope_table(start: usize, seq: usize, head_size: usize) -> (Vec<f32>, Vec<f32>) {
+pub fn rope_table(start: usize, seq: usize, head_size: usize) -> Table {
+    let half = head_size / 2;
+    let end = start + seq;
+    let kept = end.min(KEPT_POSITIONS);
+    let (mut cos, mut sin) = (
+        Vec::with_capacity(seq * half),
+        Vec::with_capacity(seq * half),
+    );
+    if start < kept {
+        KEPT.with_borrow_mut(|tables| {
+            let (c, s) = tables.entry(head_size).or_default();
+            let have = c.len() / half.max(1);
+            if have < kept {
+                // Grown by doubling, so that a stream's growing positions rarely come here.
+                let (more_c, more_s) = angles(have, (2 * kept).min(KEPT_POSITIONS), head_size);
+                c.extend(more_c);
+                s.extend(more_s);
+            }
+            cos.extend_from_slice(&c[start * half..kept * half]);
+            sin.extend_from_slice(&s[start * half..kept * half]);
+        });
+    }
+    let (c, s) = angles(start.max(kept), end, head_size);
+    cos.extend(c);
+    sin.extend(s);
+    (cos, sin)
+}
+
+/// The cosines and sines of RoPE's angles for positions `from..to` (none if `to <= from`):
+/// `[to - from, hs/2]` each.
+fn angles(from: usize, to: usize, head_size: usize) -> Table {
+    if to <= from {
+        return (Vec::new(), Vec::new());
+    }
     let half = head_size / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| ROPE_BASE.powf(-(i as f64) / half as f64) as f32)
         .collect();
-    let angles =
-        || (start..start + seq).flat_map(|p| inv.iter().map(move |f| (p as f32 * f) as f64));
+    let angles = || (from..to).flat_map(|p| inv.iter().map(move |f| (p as f32 * f) as f64));
     (
         angles().map(|a| a.cos() as f32).collect(),
         angles().map(|a| a.sin() as f32).collect(),
@@ -162,4 +211,33 @@ pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: &Qk, dqkv: &mut [f32
 /// Rows per rayon task for a projection `3 * n_embd` wide.
 fn rows_per(n_embd: usize) -> usize {
     rows::per_task(3 * n_embd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept angles are the ones computed for the pass: asked for in any order, across the
+    /// kept positions' end, on threads of their own.
+    #[test]
+    fn kept_angles_are_the_computed_ones() {
+        let hs = 16;
+        let asks = [
+            (3, 5),
+            (0, 1),
+            (KEPT_POSITIONS - 2, 4),
+            (100, 900),
+            (KEPT_POSITIONS + 7, 3),
+            (0, 64),
+        ];
+        for (start, seq) in asks {
+            let kept = rope_table(start, seq, hs);
+            assert_eq!(kept, angles(start, start + seq, hs), "{start}+{seq}");
+            assert_eq!(kept.0.len(), seq * hs / 2);
+        }
+        let other = std::thread::spawn(move || rope_table(40, 30, hs))
+            .join()
+            .unwrap();
+        assert_eq!(other, angles(40, 70, hs));
+    }
 }

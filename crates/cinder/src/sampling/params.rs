@@ -49,28 +49,40 @@ impl SamplingParams {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut probs: Vec<f32> = logits.iter().map(|&l| ((l - max) / t).exp()).collect();
         normalise(&mut probs);
-        let mut order: Vec<usize> = (0..probs.len()).collect();
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let mut keep = probs.len();
-        if let Some(k) = self.top_k {
-            keep = keep.min(k.max(1));
-        }
-        if let Some(p) = self.top_p {
-            let mut acc = 0.0;
-            let reach = order
-                .iter()
-                .position(|&i| {
-                    acc += probs[i];
-                    acc >= p
-                })
-                .map_or(probs.len(), |n| n + 1);
-            keep = keep.min(reach);
-        }
-        for &i in &order[keep..] {
-            probs[i] = 0.0;
-        }
+        cut(&mut probs, self.top_k, self.top_p);
         normalise(&mut probs);
         probs
+    }
+}
+
+/// Zeroes the tokens outside the `top_k` most likely and the smallest set of most likely
+/// tokens whose probabilities reach `top_p` (ties in the order of their ids). Only the `top_k`
+/// are put in order, and nothing when nothing is cut: a vocabulary of 50k tokens, every token.
+fn cut(probs: &mut [f32], top_k: Option<usize>, top_p: Option<f32>) {
+    let k = top_k.map_or(probs.len(), |k| k.clamp(1, probs.len()));
+    if k == probs.len() && top_p.is_none() {
+        return;
+    }
+    let by_probability = |&a: &usize, &b: &usize| probs[b].total_cmp(&probs[a]).then(a.cmp(&b));
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    if k < order.len() {
+        order.select_nth_unstable_by(k, by_probability); // the top k first, in no order
+    }
+    let mut keep = k;
+    if let Some(p) = top_p {
+        order[..k].sort_by(by_probability);
+        let mut acc = 0.0;
+        let reach = order[..k]
+            .iter()
+            .position(|&i| {
+                acc += probs[i];
+                acc >= p
+            })
+            .map_or(k, |n| n + 1);
+        keep = keep.min(reach);
+    }
+    for &i in &order[keep..] {
+        probs[i] = 0.0;
     }
 }
 
@@ -166,5 +178,39 @@ mod tests {
         assert_eq!((counts[2], counts[3]), (0, 0));
         let share = counts[1] as f64 / 20_000.0; // 0.6 / 0.8
         assert!((share - 0.75).abs() < 0.02, "{counts:?}");
+    }
+
+    /// The cut against the whole order: random distributions with ties, top-k, top-p and both.
+    #[test]
+    fn the_cut_keeps_what_sorting_every_token_keeps() {
+        let reference = |probs: &[f32], k: Option<usize>, p: Option<f32>| {
+            let mut order: Vec<usize> = (0..probs.len()).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            let mut keep = k.map_or(probs.len(), |k| k.clamp(1, probs.len()));
+            if let Some(p) = p {
+                let mut acc = 0.0;
+                let reach = order.iter().position(|&i| {
+                    acc += probs[i];
+                    acc >= p
+                });
+                keep = keep.min(reach.map_or(probs.len(), |n| n + 1));
+            }
+            let mut kept = vec![false; probs.len()];
+            order[..keep].iter().for_each(|&i| kept[i] = true);
+            kept
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        for trial in 0..300 {
+            let n = 1 + trial % 40;
+            // Few distinct values, so that ties are common.
+            let mut probs: Vec<f32> = (0..n).map(|_| rng.random_range(1..6) as f32).collect();
+            normalise(&mut probs);
+            let k = [None, Some(1), Some(3), Some(n), Some(n + 5)][trial % 5];
+            let p = [None, Some(0.3), Some(0.9), Some(1.0)][(trial / 5) % 4];
+            let mut cut_probs = probs.clone();
+            cut(&mut cut_probs, k, p);
+            let kept: Vec<bool> = cut_probs.iter().map(|&q| q > 0.0).collect();
+            assert_eq!(kept, reference(&probs, k, p), "{probs:?} k {k:?} p {p:?}");
+        }
     }
 }
