@@ -303,7 +303,7 @@ fn models_health_ids_and_the_api_key() {
 }
 
 #[test]
-fn a_full_queue_is_a_429_and_stopping_ends_open_streams() {
+fn a_full_queue_is_a_429_and_stopping_ends_open_streams_and_refuses_waiting_requests() {
     let dir = tempfile::tempdir().unwrap();
     trained_run(dir.path());
     let mut server = Server::start(
@@ -314,27 +314,41 @@ fn a_full_queue_is_a_429_and_stopping_ends_open_streams() {
             "--max-batch",
             "1",
             "--queue",
-            "0",
+            "1",
             "--max-tokens",
             &LONG.to_string(),
         ],
     );
     let mut open = busy_stream(&server);
-    let (status, _) = server.get("/health");
-    assert_eq!(status, 200);
     let body = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 1}).to_string();
-    let (status, retry, text) = server.post_raw("/v1/completions", &body, None);
-    assert_eq!(status, 429, "{text}");
-    assert_eq!(retry.as_deref(), Some("1"));
-    assert!(text.contains("queue_full"), "{text}");
+    let stopped_at = std::thread::scope(|scope| {
+        // One request waits for the running one's row...
+        let waiting = scope.spawn(|| server.post_raw("/v1/completions", &body, None));
+        let since = Instant::now();
+        while server.get("/health").1["requests"]["queued"] != 1 {
+            assert!(since.elapsed() < Duration::from_secs(10), "it never queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // ... so the next finds the queue full.
+        let (status, retry, text) = server.post_raw("/v1/completions", &body, None);
+        assert_eq!(status, 429, "{text}");
+        assert_eq!(retry.as_deref(), Some("1"));
+        assert!(text.contains("queue_full"), "{text}");
 
-    // SIGTERM: the open stream ends with a finish_reason and [DONE], and serve exits 0.
-    let stopped_at = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+        // SIGTERM: the open stream ends with a finish_reason and [DONE], the waiting request
+        // is refused with a 503, and serve exits 0.
+        let stopped_at = Instant::now();
+        let kill = Command::new("kill")
+            .args(["-TERM", &server.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let (status, _, text) = waiting.join().unwrap();
+        assert_eq!(status, 503, "{text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["code"], "shutting_down", "{text}");
+        stopped_at
+    });
     let mut rest = String::new();
     open.read_to_string(&mut rest).unwrap();
     let events = events(&rest);
