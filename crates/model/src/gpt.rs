@@ -226,11 +226,9 @@ fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
 /// still run on every core. Each calling thread has a thread of its own for this: loops started
 /// on different threads never wait for each other. The results are the same either way.
 pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    pools::ONE.with(|pool| {
-        pool.install(|| {
-            let _here = pools::Sampling::start();
-            f()
-        })
+    pools::on_one(|| {
+        let _here = pools::Sampling::start();
+        f()
     })
 }
 
@@ -243,7 +241,7 @@ mod pools {
 
     thread_local! {
         /// This thread's one-thread pool: its small cached passes, and its sampling loops.
-        pub static ONE: ThreadPool = build(1);
+        static ONE: ThreadPool = build(1);
         /// Whether a sampling loop runs on this thread (one of the [`ONE`] pools' threads).
         static HERE: Cell<bool> = const { Cell::new(false) };
     }
@@ -275,11 +273,12 @@ mod pools {
     /// Runs the small pass `f` on one thread: this one inside a sampling loop, else this
     /// thread's one-thread pool.
     pub fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-        if sampling_here() {
-            f()
-        } else {
-            ONE.with(|pool| pool.install(f))
-        }
+        if sampling_here() { f() } else { on_one(f) }
+    }
+
+    /// Runs `f` on this thread's one-thread pool.
+    pub fn on_one<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        ONE.with(|pool| pool.install(f))
     }
 
     /// Rayon's default number of threads: the larger passes of a sampling loop.
