@@ -2,7 +2,7 @@
 """Load on `serve`: N concurrent clients, each streaming one completion of TOKENS tokens.
 
     python3 scripts/serve_load.py --serve target/release/serve --checkpoint RUN [--clients 1 8 32 64]
-        [--tokens 200] [--repeat 5] [--generate target/release/generate]
+        [--tokens 200] [--repeat 5] [--generate target/release/generate] [--interleave] [--whole]
 
 For each number of clients it starts a fresh `serve --checkpoint RUN` (its own port), waits for
 it, loads the model with one request, then --repeat times starts the clients at once (one HTTP
@@ -14,6 +14,11 @@ response that is not 200, has no [DONE], or has fewer than TOKENS tokens of usag
 
 The clients run on the same cores as the server: while streaming they only keep what arrives
 and when, and parse it once every client of the burst is done.
+
+With --interleave every row runs on one server and their bursts are taken in turn (1, 8, 32,
+64, 1, ...), so that on a machine whose speed drifts each burst is measured beside the others;
+a last column gives each burst's tokens/s over the one-client burst of its turn (median and
+range): the speed-up of batching, measured side by side.
 
 Every client sends a seed (its index) and temperature 0.8: the last column counts the clients
 whose text differs from what the same request gives alone on an idle server (batch
@@ -152,54 +157,99 @@ def cpu_seconds(pid):
     return used
 
 
-def run(args, clients):
-    port = free_port()
-    serve = subprocess.Popen(
-        [args.serve, "--checkpoint", args.checkpoint, "--port", str(port), "--runs", args.empty,
-         "--queue", "256", "--max-batch", "64"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = serve.stdout.readline()
+class Server:
+    """A fresh `serve --checkpoint RUN` on a port of its own, its model loaded."""
+
+    def __init__(self, args):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [args.serve, "--checkpoint", args.checkpoint, "--port", str(self.port), "--runs",
+             args.empty, "--queue", "256", "--max-batch", "64"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.process.stdout.readline()
         assert line.startswith("listening on"), line
-        model = os.path.basename(os.path.normpath(args.checkpoint))
-        request(port, body(model, 0, 2))  # loads the model
-        rates, ttfts, bad, first = [], [], 0, None
+        self.model = os.path.basename(os.path.normpath(args.checkpoint))
+        request(self.port, body(self.model, 0, 2))  # loads the model
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.process.terminate()
+        self.process.wait()
+
+
+class Row:
+    """The bursts of one number of clients."""
+
+    def __init__(self, clients):
+        self.clients, self.rates, self.ttfts, self.bad, self.first = clients, [], [], 0, None
         # Cores busy during the bursts: the server's generation thread, its HTTP threads, and
         # the clients (this process).
-        cores = {"engine": [], "http": [], "clients": []}
-        for _ in range(args.repeat):
-            before, mine = cpu_seconds(serve.pid), time.process_time()
-            start = time.perf_counter()
-            results = burst(port, [body(model, i, args.tokens, not args.whole)
-                                   for i in range(clients)])
-            wall = time.perf_counter() - start
-            after = cpu_seconds(serve.pid)
-            for kind in after:
-                cores[kind].append((after[kind] - before[kind]) / wall)
-            cores["clients"].append((time.process_time() - mine) / wall)
-            results = [parse(r) for r in results]
-            first = first or results
-            bad += sum(1 for r in results if r[0] != 200 or not r[3] or not r[2]
-                       or r[2]["completion_tokens"] != args.tokens)
-            rates.append(sum(r[2]["completion_tokens"] for r in results if r[2]) / wall)
-            ttfts += [r[4] for r in results if r[4] is not None]
-        peak = peak_rss_mib(serve.pid)
-        ttfts.sort()
+        self.cores = {"engine": [], "http": [], "clients": []}
+
+    def burst(self, args, server):
+        """Starts the row's clients at once and waits for them all."""
+        pid = server.process.pid
+        before, mine = cpu_seconds(pid), time.process_time()
+        start = time.perf_counter()
+        results = burst(server.port, [body(server.model, i, args.tokens, not args.whole)
+                                      for i in range(self.clients)])
+        wall = time.perf_counter() - start
+        after = cpu_seconds(pid)
+        for kind in after:
+            self.cores[kind].append((after[kind] - before[kind]) / wall)
+        self.cores["clients"].append((time.process_time() - mine) / wall)
+        results = [parse(r) for r in results]
+        self.first = self.first or results
+        self.bad += sum(1 for r in results if r[0] != 200 or not r[3] or not r[2]
+                        or r[2]["completion_tokens"] != args.tokens)
+        self.rates.append(sum(r[2]["completion_tokens"] for r in results if r[2]) / wall)
+        self.ttfts += [r[4] for r in results if r[4] is not None]
+
+    def line(self, args, server, one=None):
+        """The table's row: with `one` (the row of one client, its bursts interleaved with
+        these), the median of each burst's tokens/s over the one-client burst beside it."""
+        peak = peak_rss_mib(server.process.pid)
+        ttfts = sorted(self.ttfts)
         p99 = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))] if ttfts else float("nan")
         # The same requests one at a time on the idle server.
-        differ = 0
-        for i in range(min(clients, args.invariance)):
-            alone = request(port, body(model, i, args.tokens, not args.whole))
-            differ += alone[1] != first[i][1]
-        checked = min(clients, args.invariance)
-        spread = f"{min(rates):.0f}-{max(rates):.0f}"
-        return (f"| {clients} | {statistics.median(rates):.0f} ({spread}) | "
+        checked = min(self.clients, args.invariance)
+        differ = sum(request(server.port, body(server.model, i, args.tokens, not args.whole))[1]
+                     != self.first[i][1] for i in range(checked))
+        spread = f"{min(self.rates):.0f}-{max(self.rates):.0f}"
+        ratio = ""
+        if one is not None:
+            ratios = sorted(r / o for r, o in zip(self.rates, one.rates))
+            ratio = (f" {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+        return (f"| {self.clients} | {statistics.median(self.rates):.0f} ({spread}) | "
                 f"{statistics.median(ttfts) * 1000:.0f} | {p99 * 1000:.0f} | {peak:.0f} | "
-                f"{bad} | {differ} of {checked} | "
-                + " / ".join(f"{statistics.median(v):.2f}" for v in cores.values()) + " |")
-    finally:
-        serve.terminate()
-        serve.wait()
+                f"{self.bad} | {differ} of {checked} | "
+                + " / ".join(f"{statistics.median(v):.2f}" for v in self.cores.values()) + " |"
+                + ratio)
+
+
+def run(args, clients):
+    """One row, on a server of its own."""
+    with Server(args) as server:
+        row = Row(clients)
+        for _ in range(args.repeat):
+            row.burst(args, server)
+        return row.line(args, server)
+
+
+def interleaved(args):
+    """Every row on one server, their bursts taken in turn (1, 8, 32, 64, 1, 8, ...): on a
+    machine whose speed drifts, each burst is measured beside the others, and each row also
+    shows its bursts' tokens/s over the one-client burst of the same turn. Peak memory is then
+    the server's over all rows."""
+    counts = sorted(set(args.clients) | {1})
+    with Server(args) as server:
+        rows = [Row(c) for c in counts]
+        for _ in range(args.repeat):
+            for row in rows:
+                row.burst(args, server)
+        return [row.line(args, server, rows[0]) for row in rows]
 
 
 def ceiling(args):
@@ -229,6 +279,9 @@ def main():
     p.add_argument("--repeat", type=int, default=5,
                    help="bursts of clients per row (and runs of the ceiling): the median is shown, "
                         "with the range")
+    p.add_argument("--interleave", action="store_true",
+                   help="run every row on one server, taking their bursts in turn, and add a "
+                        "column: each burst's tokens/s over the one-client burst of its turn")
     p.add_argument("--invariance", type=int, default=8,
                    help="clients whose text is compared with the same request alone")
     args = p.parse_args()
@@ -236,8 +289,13 @@ def main():
     os.makedirs(args.empty, exist_ok=True)
     if args.generate:
         print(ceiling(args), flush=True)
-    print("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) | failed or truncated | differ from alone | cores busy: engine / HTTP / clients |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    head = ("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) "
+            "| failed or truncated | differ from alone | cores busy: engine / HTTP / clients |")
+    print(head + (" x one client, median (range) |" if args.interleave else ""))
+    print("| --- " * (9 if args.interleave else 8) + "|", flush=True)
+    if args.interleave:
+        print("\n".join(interleaved(args)), flush=True)
+        return
     for clients in args.clients:
         print(run(args, clients), flush=True)
 
