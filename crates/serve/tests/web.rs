@@ -1,9 +1,9 @@
 //! The page's JSON and what `serve` sees of runs on disk: summaries, curves read on as they grow,
 //! samples, attention maps; a trainer seen while it runs; new runs and new checkpoints served
-//! without a restart; no request reaching a path; a client that leaves freeing its place; the
+//! without a restart, a request already running finishing on its own; no request reaching a path; a client that leaves freeing its place; the
 //! time limit.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +14,9 @@ use cinder::storage::names::BEST;
 use serde_json::{Value, json};
 
 mod common;
-use common::{LONG, Server, busy_stream, generated, read, train, train_binary, trained_run};
+use common::{
+    LONG, Server, busy_stream, generated, read, streamed, train, train_binary, trained_run,
+};
 
 /// Polls `f` every 50 ms until it gives `Some`, for at most `seconds`.
 fn wait_for<T>(seconds: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -293,6 +295,71 @@ fn a_run_trained_while_served_is_seen_training_and_its_new_checkpoints_are_serve
     let mut later = request.clone();
     later["model"] = json!("later");
     assert_eq!(server.complete(&later).0, 200);
+}
+
+/// A stream running when its run's new best checkpoint is renamed into place finishes on the
+/// checkpoint it started with; the next request waits for it and gets the new one.
+#[test]
+fn a_request_running_when_a_new_best_arrives_finishes_on_the_model_it_started_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let newer = train(dir.path(), "newer", &[("max-iters", "14")]);
+    let tokens = 20_000; // a few seconds of the tiny model's sampling
+    let server = Server::start(
+        dir.path(),
+        &["--runs", "runs", "--max-tokens", &tokens.to_string()],
+    );
+    let ask = |max_tokens: usize, stream: bool| {
+        json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": max_tokens, "seed": 11,
+            "temperature": 0.8, "stream": stream})
+    };
+    let response = Server::agent()
+        .post(format!("{}/v1/completions", server.url))
+        .header("Content-Type", "application/json")
+        .send(ask(tokens, true).to_string())
+        .unwrap();
+    let mut stream = BufReader::new(response.into_body().into_reader());
+    let mut read_so_far = String::new();
+    while !read_so_far.contains("data: {") {
+        assert!(
+            stream.read_line(&mut read_so_far).unwrap() > 0,
+            "no chunk came"
+        );
+    }
+    // A new best is renamed into place, as `train` writes it, while the stream runs; the old
+    // one is kept aside to compare with.
+    let old = dir.path().join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::rename(run.join(BEST), old.join(BEST)).unwrap();
+    std::fs::rename(newer.join(BEST), run.join(BEST)).unwrap();
+    let (_, health) = server.get("/health");
+    assert_eq!(
+        health["requests"]["active"], 1,
+        "the stream still runs: {health}"
+    );
+    let (status, next) = server.complete(&ask(30, false));
+    assert_eq!(status, 200, "{next}");
+
+    let mut rest = String::new();
+    stream.read_to_string(&mut rest).unwrap();
+    let (texts, _) = streamed(&(read_so_far + &rest), 1);
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: None,
+        top_p: None,
+    };
+    let old_text = generated(&old, "ROMEO:", sampling, 1, 11, tokens).remove(0);
+    assert_eq!(texts[0].0.chars().count(), tokens);
+    assert!(texts[0].0 == old_text, "the stream left the old checkpoint");
+    let new_text = generated(&run, "ROMEO:", sampling, 1, 11, 30).remove(0);
+    assert_eq!(next["choices"][0]["text"], new_text);
+    let old_start: String = old_text.chars().take(new_text.chars().count()).collect();
+    assert_ne!(new_text, old_start, "the two checkpoints sample alike");
+    let (_, health) = server.get("/health");
+    assert_eq!(
+        health["models"]["loaded"],
+        json!([{"id": "tiny", "iter": best_iter(&run)}])
+    );
 }
 
 #[test]
