@@ -209,6 +209,8 @@ impl OneOrMany {
 #[derive(Debug, Deserialize)]
 struct StreamOptions {
     include_usage: Option<bool>,
+    /// vLLM's extension: with `include_usage`, every chunk carries the usage so far.
+    continuous_usage_stats: Option<bool>,
 }
 
 /// `POST /v1/completions`'s body. Fields OpenAI has and cinder cannot serve are read so that
@@ -241,6 +243,9 @@ pub struct Completion {
     pub job: Job,
     pub stream: bool,
     pub include_usage: bool,
+    /// Every chunk carries the usage so far (vLLM's `continuous_usage_stats`, with
+    /// `include_usage`).
+    pub continuous_usage: bool,
 }
 
 /// Reads and checks a completion request's body; every refusal is a 400 naming its `param`.
@@ -387,10 +392,10 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
         ));
     }
     let stream = r.stream.unwrap_or(false);
-    let include_usage = r
-        .stream_options
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let options = r.stream_options.as_ref();
+    let include_usage = options.and_then(|o| o.include_usage).unwrap_or(false);
+    let continuous_usage =
+        include_usage && options.and_then(|o| o.continuous_usage_stats) == Some(true);
     let seed = match r.seed {
         Some(seed) => seed as u64,
         None => rand::random(),
@@ -412,6 +417,7 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
         },
         stream,
         include_usage,
+        continuous_usage,
     })
 }
 
@@ -447,11 +453,21 @@ impl Header {
         object
     }
 
-    /// A stream chunk: text for choice `index`, or its end.
-    pub fn chunk(&self, index: usize, text: &str, finish: Option<Finish>) -> Value {
-        self.object(json!([
+    /// A stream chunk: text for choice `index`, or its end; with the usage so far if given.
+    pub fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        finish: Option<Finish>,
+        usage: Option<Usage>,
+    ) -> Value {
+        let mut object = self.object(json!([
             {"text": text, "index": index, "logprobs": null, "finish_reason": finish}
-        ]))
+        ]));
+        if let Some(usage) = usage {
+            object["usage"] = usage.json();
+        }
+        object
     }
 
     /// The stream's last chunk when usage was asked for: no choices, the usage.

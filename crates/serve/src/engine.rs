@@ -56,10 +56,22 @@ pub enum Finish {
 /// `Failed`, past the time limit).
 #[derive(Debug)]
 pub enum Event {
-    Started { prompt_tokens: usize },
-    Text { index: usize, text: String },
-    Finished { index: usize, reason: Finish },
-    Done { completion_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+    },
+    /// Text of choice `index`, once `written` tokens of the request (every choice's) are.
+    Text {
+        index: usize,
+        text: String,
+        written: usize,
+    },
+    Finished {
+        index: usize,
+        reason: Finish,
+    },
+    Done {
+        completion_tokens: usize,
+    },
     Failed(ApiError),
 }
 
@@ -528,7 +540,8 @@ impl<'t> Running<'t> {
                 tokens.push(token);
                 if !choice.finished {
                     self.completion_tokens += 1;
-                    self.gone |= choice.push(token, &self.events).is_err();
+                    let written = self.completion_tokens;
+                    self.gone |= choice.push(token, written, &self.events).is_err();
                 }
             }
         }
@@ -569,7 +582,7 @@ impl<'t> Running<'t> {
                 let mut gone = false;
                 for (_, _, choices) in std::mem::take(&mut self.prompts) {
                     for choice in choices {
-                        gone |= choice.finish(&events).is_err();
+                        gone |= choice.finish(self.completion_tokens, &events).is_err();
                     }
                 }
                 self.load.done(rows);
@@ -616,11 +629,24 @@ impl<'a> Choice<'a> {
         events.send(event).map_err(|_| Gone)
     }
 
-    fn push(&mut self, token: u32, events: &UnboundedSender<Event>) -> Result<(), Gone> {
+    /// Decodes `token`, the request's `written`th, and sends the text it settles.
+    fn push(
+        &mut self,
+        token: u32,
+        written: usize,
+        events: &UnboundedSender<Event>,
+    ) -> Result<(), Gone> {
         let (text, stopped) = self.held.push(&self.stream.push(token));
         if !text.is_empty() {
             let index = self.index;
-            Self::send(events, Event::Text { index, text })?;
+            Self::send(
+                events,
+                Event::Text {
+                    index,
+                    text,
+                    written,
+                },
+            )?;
         }
         if stopped {
             self.finished = true;
@@ -630,8 +656,9 @@ impl<'a> Choice<'a> {
         Ok(())
     }
 
-    /// Ends a choice that met no stop string: what was held back is text after all.
-    fn finish(mut self, events: &UnboundedSender<Event>) -> Result<(), Gone> {
+    /// Ends a choice that met no stop string: what was held back is text after all (`written`:
+    /// the request's tokens).
+    fn finish(mut self, written: usize, events: &UnboundedSender<Event>) -> Result<(), Gone> {
         if self.finished {
             return Ok(());
         }
@@ -641,7 +668,14 @@ impl<'a> Choice<'a> {
         }
         let index = self.index;
         if !text.is_empty() {
-            Self::send(events, Event::Text { index, text })?;
+            Self::send(
+                events,
+                Event::Text {
+                    index,
+                    text,
+                    written,
+                },
+            )?;
         }
         let reason = if stopped {
             Finish::Stop

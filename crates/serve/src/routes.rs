@@ -1,7 +1,7 @@
 //! The HTTP side: routes, the API key, the log line of each request, and how a completion's
 //! events become a response (whole, or server-sent events).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -202,7 +202,7 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
             rx,
             header,
             prompt_tokens,
-            request.include_usage,
+            (request.include_usage, request.continuous_usage),
             logged.clone(),
         );
         // Comments while a long prompt is read keep proxies from closing the connection.
@@ -253,7 +253,7 @@ async fn collect(
     let mut texts = vec![(String::new(), Finish::Length); choices];
     loop {
         match rx.recv().await {
-            Some(Event::Text { index, text }) => texts[index].0.push_str(&text),
+            Some(Event::Text { index, text, .. }) => texts[index].0.push_str(&text),
             Some(Event::Finished { index, reason }) => texts[index].1 = reason,
             Some(Event::Done { completion_tokens }) => return Ok((texts, completion_tokens)),
             Some(Event::Started { .. }) => {}
@@ -268,27 +268,32 @@ async fn collect(
 const CATCH_UP: usize = 256;
 
 /// A completion as server-sent events: a chunk per piece of text, one with each choice's
-/// `finish_reason`, the usage if asked for, then `[DONE]`.
+/// `finish_reason`, the usage if asked for (`include_usage`: a last chunk; `continuous_usage`:
+/// on every chunk too), then `[DONE]`.
 ///
-/// The events the worker has sent meanwhile are read together, and a choice's consecutive
-/// pieces of text go as one chunk: a client (or a server) that falls behind under load catches
-/// up in fewer, longer chunks, instead of paying an event's cost for every token.
+/// The events the worker has sent meanwhile are read together, and each choice's text among
+/// them goes as one chunk: a client (or a server) that falls behind under load catches up in
+/// fewer, longer chunks, instead of paying an event's cost for every token. A choice's text
+/// always goes before its `finish_reason`.
 fn stream(
     rx: UnboundedReceiver<Event>,
     header: Header,
     prompt_tokens: usize,
-    include_usage: bool,
+    (include_usage, continuous_usage): (bool, bool),
     logged: Logged,
 ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     struct Stream {
         rx: UnboundedReceiver<Event>,
         pending: VecDeque<SseEvent>,
-        /// A choice's text read and not yet sent: (index, text).
-        text: Option<(usize, String)>,
+        /// Each choice's text read and not yet sent.
+        texts: BTreeMap<usize, String>,
+        /// The request's tokens written, as of the last text read.
+        written: usize,
         ended: bool,
         header: Header,
         prompt_tokens: usize,
         include_usage: bool,
+        continuous_usage: bool,
         logged: Logged,
         since: Instant,
         /// The status of the error that ended it, if one did.
@@ -310,68 +315,80 @@ fn stream(
         SseEvent::default().data(value.to_string())
     }
     impl Stream {
-        /// Queues the chunk of the text read so far, if any.
-        fn flush_text(&mut self) {
-            if let Some((index, text)) = self.text.take() {
-                self.pending
-                    .push_back(data(self.header.chunk(index, &text, None)));
+        fn usage(&self, completion_tokens: usize) -> Usage {
+            Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens,
+            }
+        }
+
+        /// Queues a chunk of choice `index`: its text, or its end.
+        fn send(&mut self, index: usize, text: &str, finish: Option<Finish>) {
+            let usage = self.continuous_usage.then(|| self.usage(self.written));
+            let chunk = self.header.chunk(index, text, finish, usage);
+            self.pending.push_back(data(chunk));
+        }
+
+        /// Queues the text read of choice `index` (of every choice, in order: `None`), if any.
+        fn flush(&mut self, index: Option<usize>) {
+            let texts: Vec<(usize, String)> = match index {
+                Some(index) => self.texts.remove_entry(&index).into_iter().collect(),
+                None => std::mem::take(&mut self.texts).into_iter().collect(),
+            };
+            for (index, text) in texts {
+                self.send(index, &text, None);
             }
         }
 
         /// Takes one of the worker's events (`None`: the worker is gone).
         fn read(&mut self, event: Option<Event>) {
-            if let Some(Event::Text { index, text }) = event {
-                match &mut self.text {
-                    Some((i, read)) if *i == index => read.push_str(&text),
-                    _ => {
-                        self.flush_text();
-                        self.text = Some((index, text));
-                    }
+            match event {
+                Some(Event::Started { .. }) => {}
+                Some(Event::Text {
+                    index,
+                    text,
+                    written,
+                }) => {
+                    self.texts.entry(index).or_default().push_str(&text);
+                    self.written = written;
                 }
-                return;
-            }
-            self.flush_text();
-            let chunk = match event {
-                Some(Event::Started { .. } | Event::Text { .. }) => return,
                 Some(Event::Finished { index, reason }) => {
-                    self.header.chunk(index, "", Some(reason))
+                    self.flush(Some(index));
+                    self.send(index, "", Some(reason));
                 }
                 Some(Event::Done { completion_tokens }) => {
+                    self.flush(None);
                     if self.include_usage {
-                        let usage = Usage {
-                            prompt_tokens: self.prompt_tokens,
-                            completion_tokens,
-                        };
+                        let usage = self.usage(completion_tokens);
                         self.pending.push_back(data(self.header.usage_chunk(usage)));
                     }
                     self.pending.push_back(SseEvent::default().data("[DONE]"));
                     self.ended = true;
                     self.logged.tokens = Some(completion_tokens);
-                    return;
                 }
-                Some(Event::Failed(e)) => {
-                    self.ended = true;
-                    self.failed = Some(e.status.as_u16());
-                    e.body()
-                }
-                None => {
-                    self.ended = true;
-                    let e = ApiError::worker_gone();
-                    self.failed = Some(e.status.as_u16());
-                    e.body()
-                }
-            };
-            self.pending.push_back(data(chunk));
+                Some(Event::Failed(e)) => self.fail(e),
+                None => self.fail(ApiError::worker_gone()),
+            }
+        }
+
+        /// Ends the stream with `e`'s error event, after the text read.
+        fn fail(&mut self, e: ApiError) {
+            self.flush(None);
+            self.ended = true;
+            self.failed = Some(e.status.as_u16());
+            self.pending.push_back(data(e.body()));
         }
     }
     let start = Stream {
         rx,
         pending: VecDeque::new(),
-        text: None,
+        texts: BTreeMap::new(),
+        written: 0,
         ended: false,
         header,
         prompt_tokens,
         include_usage,
+        continuous_usage,
         logged,
         since: Instant::now(),
         failed: None,
@@ -397,7 +414,7 @@ fn stream(
                     Err(TryRecvError::Disconnected) => s.read(None),
                 }
             }
-            s.flush_text();
+            s.flush(None);
         }
     })
 }
@@ -407,8 +424,8 @@ mod tests {
     use super::*;
 
     /// The data of each event of `events`, sent before the stream is read: what a client that
-    /// fell behind receives.
-    async fn read_behind(events: Vec<Event>) -> Vec<String> {
+    /// fell behind receives. Usage is asked for at the end, and on every chunk if `continuous`.
+    async fn read_behind(events: Vec<Event>, continuous: bool) -> Vec<serde_json::Value> {
         let (tx, rx) = unbounded_channel();
         for event in events {
             tx.send(event).unwrap();
@@ -419,84 +436,118 @@ mod tests {
             created: 0,
             model: "m".into(),
         };
-        let sse = Sse::new(stream(rx, header, 2, true, Logged::default()));
-        let body = axum::body::to_bytes(sse.into_response().into_body(), 1 << 20)
+        let events = stream(rx, header, 2, (true, continuous), Logged::default());
+        let body = axum::body::to_bytes(Sse::new(events).into_response().into_body(), 1 << 20)
             .await
             .unwrap();
         let body = String::from_utf8(body.to_vec()).unwrap();
         body.split("\n\n")
             .filter_map(|event| event.strip_prefix("data: "))
-            .map(str::to_string)
+            .map(|data| serde_json::from_str(data).unwrap_or(json!(data)))
             .collect()
     }
 
-    fn text(index: usize, text: &str) -> Event {
+    fn text(index: usize, text: &str, written: usize) -> Event {
         Event::Text {
             index,
             text: text.into(),
+            written,
         }
     }
 
-    #[tokio::test]
-    async fn a_stream_behind_sends_each_choices_waiting_text_as_one_chunk_in_order() {
-        let data = read_behind(vec![
-            Event::Started { prompt_tokens: 2 },
-            text(0, "a"),
-            text(0, "b"),
-            text(1, "x"),
-            text(0, "c"),
-            text(0, "é"),
-            Event::Finished {
-                index: 0,
-                reason: Finish::Length,
-            },
-            text(1, "y"),
-            Event::Finished {
-                index: 1,
-                reason: Finish::Stop,
-            },
-            Event::Done {
-                completion_tokens: 6,
-            },
-        ])
-        .await;
-        let chunk = |d: &String| serde_json::from_str::<serde_json::Value>(d).unwrap();
-        let choices: Vec<(u64, String, serde_json::Value)> = data[..data.len() - 2]
-            .iter()
+    fn finished(index: usize, reason: Finish) -> Event {
+        Event::Finished { index, reason }
+    }
+
+    /// (index, text, finish_reason, usage's completion_tokens) of each chunk with a choice.
+    fn choices(
+        data: &[serde_json::Value],
+    ) -> Vec<(u64, String, serde_json::Value, serde_json::Value)> {
+        data.iter()
+            .filter(|d| d["choices"].as_array().is_some_and(|c| !c.is_empty()))
             .map(|d| {
-                let c = &chunk(d)["choices"][0];
+                let c = &d["choices"][0];
                 let text = c["text"].as_str().unwrap().to_string();
+                let index = c["index"].as_u64().unwrap();
                 (
-                    c["index"].as_u64().unwrap(),
+                    index,
                     text,
                     c["finish_reason"].clone(),
+                    d["usage"]["completion_tokens"].clone(),
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_stream_behind_sends_each_choices_waiting_text_as_one_chunk_before_its_end() {
+        let data = read_behind(
+            vec![
+                Event::Started { prompt_tokens: 2 },
+                text(0, "a", 1),
+                text(0, "b", 3),
+                text(1, "x", 4),
+                text(0, "c", 5),
+                text(0, "é", 7),
+                finished(0, Finish::Length),
+                text(1, "y", 8),
+                finished(1, Finish::Stop),
+                Event::Done {
+                    completion_tokens: 8,
+                },
+            ],
+            false,
+        )
+        .await;
         let null = serde_json::Value::Null;
         assert_eq!(
-            choices,
+            choices(&data),
             [
-                (0, "ab".into(), null.clone()),
-                (1, "x".into(), null.clone()),
-                (0, "cé".into(), null.clone()),
-                (0, "".into(), json!("length")),
-                (1, "y".into(), null.clone()),
-                (1, "".into(), json!("stop")),
+                (0, "abcé".into(), null.clone(), null.clone()),
+                (0, "".into(), json!("length"), null.clone()),
+                (1, "xy".into(), null.clone(), null.clone()),
+                (1, "".into(), json!("stop"), null.clone()),
             ]
         );
+        assert_eq!(data[data.len() - 2]["usage"]["completion_tokens"], 8);
+        assert_eq!(data[data.len() - 2]["choices"], json!([]));
+        assert_eq!(data[data.len() - 1], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn continuous_usage_puts_the_tokens_written_so_far_on_every_chunk() {
+        let data = read_behind(
+            vec![
+                Event::Started { prompt_tokens: 2 },
+                text(0, "ab", 2),
+                finished(0, Finish::Length),
+                Event::Done {
+                    completion_tokens: 2,
+                },
+            ],
+            true,
+        )
+        .await;
         assert_eq!(
-            chunk(&data[data.len() - 2])["usage"]["completion_tokens"],
-            6
+            choices(&data),
+            [
+                (0, "ab".into(), serde_json::Value::Null, json!(2)),
+                (0, "".into(), json!("length"), json!(2)),
+            ]
         );
+        assert_eq!(data[0]["usage"]["prompt_tokens"], 2);
         assert_eq!(data[data.len() - 1], "[DONE]");
     }
 
     #[tokio::test]
     async fn a_stream_whose_worker_is_gone_ends_with_an_error_after_its_text() {
-        let data = read_behind(vec![Event::Started { prompt_tokens: 2 }, text(0, "ab")]).await;
+        let data = read_behind(
+            vec![Event::Started { prompt_tokens: 2 }, text(0, "ab", 2)],
+            false,
+        )
+        .await;
         assert_eq!(data.len(), 2, "{data:?}");
-        assert!(data[0].contains("\"ab\""), "{data:?}");
-        assert!(data[1].contains("\"error\""), "{data:?}");
+        assert_eq!(data[0]["choices"][0]["text"], "ab", "{data:?}");
+        assert!(data[1]["error"].is_object(), "{data:?}");
     }
 }

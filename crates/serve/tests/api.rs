@@ -55,6 +55,39 @@ fn completions_are_generates_text_whole_or_streamed() {
             assert_eq!(reason, "length");
         }
         assert_eq!(usage, Some(whole["usage"].clone()));
+
+        // vLLM's continuous_usage_stats: every chunk carries the usage so far.
+        request["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+        let (status, _, stream) = server.post_raw("/v1/completions", &request.to_string(), None);
+        assert_eq!(status, 200, "{stream}");
+        let (texts, usage) = streamed(&stream, n);
+        assert_eq!(
+            texts.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            expected.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(usage, Some(whole["usage"].clone()));
+        let data = events(&stream);
+        let chunks: Vec<Value> = data[..data.len() - 2] // the last usage, [DONE]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        // At least as many tokens written as characters sent (a token is a character here).
+        let (mut sent, mut written) = (0, 0);
+        for chunk in &chunks {
+            assert_eq!(chunk["usage"]["prompt_tokens"], 6, "{chunk}");
+            let so_far = chunk["usage"]["completion_tokens"].as_u64().unwrap();
+            sent += chunk["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .chars()
+                .count() as u64;
+            assert!(
+                so_far >= written && so_far >= sent,
+                "{so_far} after {written}, {sent} sent"
+            );
+            written = so_far;
+        }
+        assert_eq!(written, 30 * n as u64);
     }
     let log = read(&server.log);
     assert!(
@@ -317,6 +350,9 @@ fn a_full_queue_is_a_429_and_stopping_ends_open_streams_and_refuses_waiting_requ
             "1",
             "--max-tokens",
             &LONG.to_string(),
+            // A failed check must not leave the waiting request for the default 300 s.
+            "--timeout",
+            "20",
         ],
     );
     let mut open = busy_stream(&server);

@@ -9,7 +9,8 @@
  *                 gave; the summary, samples and config (GET /api/run every 5 s); and attention
  *                 maps of a text (POST /api/attention) drawn as a heatmap on a canvas.
  *   #/play[/ID]   Playground: a completion form streaming POST /v1/completions (server-sent
- *                 events read with fetch), with live tokens/s and the finish reason.
+ *                 events read with fetch), with live tokens/s (every chunk carries the
+ *                 tokens written so far) and the finish reason.
  *
  * Every request goes through api(). When the server answers 401 it shows a small form asking
  * for the API key, keeps the key in localStorage ("cinder-api-key") and retries.
@@ -480,7 +481,9 @@ function playView(view, wanted) {
       model: modelSel.value,
       prompt: $('#prompt').value,
       stream: true,
-      stream_options: { include_usage: true },
+      // Every chunk carries the tokens written so far (vLLM's extension): under load a chunk
+      // may hold several tokens.
+      stream_options: { include_usage: true, continuous_usage_stats: true },
     };
     // A field left empty is left out: the server's default applies.
     const fields = [['max_tokens', parseInt], ['temperature', parseFloat], ['top_p', parseFloat],
@@ -503,12 +506,13 @@ function playView(view, wanted) {
     controller = new AbortController();
 
     let tokens = 0;
+    let atFirst = 0; // tokens when the first text came
     let first = 0;
     let last = 0;
     const showSpeed = () => {
-      // Tokens after the first, over the time from the first to the last.
+      // Tokens after the first text's, over the time from the first text to the last.
       const secs = (last - first) / 1000;
-      const rate = secs > 0 ? `${((tokens - 1) / secs).toFixed(1)} tokens/s` : '– tokens/s';
+      const rate = secs > 0 ? `${((tokens - atFirst) / secs).toFixed(1)} tokens/s` : '– tokens/s';
       $('#speed').textContent = `${tokens} tokens · ${rate}`;
     };
     // One server-sent event: returns false when the stream is over.
@@ -516,18 +520,17 @@ function playView(view, wanted) {
       if (data === '[DONE]') return false;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new ApiError(chunk.error.message || JSON.stringify(chunk.error), 200);
+      if (chunk.usage) tokens = chunk.usage.completion_tokens;
       for (const choice of chunk.choices || []) {
         if (choice.text) {
           const now = performance.now();
-          if (!tokens) first = now;
+          if (!first) [first, atFirst] = [now, tokens];
           last = now;
-          tokens += 1;
           text.appendData(choice.text);
           if (out.scrollHeight > out.clientHeight) out.scrollTop = out.scrollHeight;
         }
         if (choice.finish_reason) $('#finish').textContent = `stopped: ${choice.finish_reason}`;
       }
-      if (chunk.usage) tokens = chunk.usage.completion_tokens;
       showSpeed();
       return true;
     };
