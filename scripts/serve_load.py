@@ -5,12 +5,14 @@
         [--tokens 200] [--repeat 5] [--generate target/release/generate] [--interleave] [--whole]
 
 For each number of clients it starts a fresh `serve --checkpoint RUN` (its own port), waits for
-it, loads the model with one request, then --repeat times starts the clients at once (one HTTP
-connection each, all read by one thread, the standard library only) and prints one row: aggregate tokens/s
-(tokens received over the wall time from the first request to the last [DONE]; the median of
-the bursts, and their range), time to first token (median and p99 over every burst's
-requests), the server's peak resident memory (VmHWM), and failed or truncated responses (any
-response that is not 200, has no [DONE], or has fewer than TOKENS tokens of usage).
+it, loads the model with one request, then --repeat times starts the clients at once (one
+HTTP connection each, all read by one thread, the standard library only) and prints one row:
+aggregate tokens/s (tokens received over the wall time from the first request to the last
+[DONE]; the median of the bursts, and their range), time to first token (median and p99 over every burst's
+requests), the server's peak resident memory (VmHWM), failed or truncated responses (any
+response that is not 200, has no [DONE], or has fewer than TOKENS tokens of usage), and the
+cores busy during the bursts: the engine (the generation thread and its sampling pools'
+threads), the HTTP threads, and the clients.
 
 The clients run on the same cores as the server: while streaming they only keep what arrives
 and when, and parse it once every client of the burst is done.
@@ -20,8 +22,8 @@ With --interleave every row runs on one server and their bursts are taken in tur
 a last column gives each burst's tokens/s over the one-client burst of its turn (median and
 range): the speed-up of batching, measured side by side.
 
-Every client sends a seed (its index) and temperature 0.8: the last column counts the clients
-whose text differs from what the same request gives alone on an idle server (batch
+Every client sends a seed (its index) and temperature 0.8: "differ from alone" counts the
+clients whose text differs from what the same request gives alone on an idle server (batch
 invariance), asked afterwards one at a time.
 
 With --generate it first measures the ceiling, `generate --num-samples 32 --max-new-tokens TOKENS`
@@ -38,6 +40,10 @@ import statistics
 import subprocess
 import sys
 import time
+
+
+# A burst still waiting for its clients' ends after this long has stalled.
+STALLED_S = 600
 
 
 def free_port():
@@ -63,9 +69,12 @@ def burst(port, bodies):
         sock.setblocking(False)
         out.append((start, []))
         sel.register(sock, selectors.EVENT_READ, (i, [b""]))
-    left = len(bodies)
+    left, until = len(bodies), time.monotonic() + STALLED_S
     while left:
-        for key, _ in sel.select():
+        ready = sel.select(timeout=max(0.0, until - time.monotonic()))
+        if not ready:
+            break  # a stalled stream: what came is kept, and counts as truncated
+        for key, _ in ready:
             (i, tail), sock = key.data, key.fileobj
             try:
                 piece = sock.recv(1 << 16)
@@ -79,6 +88,8 @@ def burst(port, bodies):
                 sel.unregister(sock)
                 sock.close()
                 left -= 1
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()
     sel.close()
     return out
 
@@ -88,6 +99,8 @@ def parse(streamed):
     event (every event of a character model holds text)."""
     start, pieces = streamed
     raw = b"".join(p for _, p in pieces)
+    if not raw:
+        return 0, "", None, False, None  # nothing came: a failure
     head, _, rest = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
     ttft = next((at - start for at, p in pieces if b"data: {" in p), None)
@@ -142,8 +155,9 @@ def peak_rss_mib(pid):
 
 
 def cpu_seconds(pid):
-    """CPU seconds the server's threads have used, by kind: its generation thread and the rest
-    (the HTTP runtime's threads)."""
+    """CPU seconds the server's threads have used, by kind: the engine (its generation thread,
+    and the sampling pools' threads, which take its name) and the rest (the HTTP runtime's
+    threads)."""
     used = {"engine": 0.0, "http": 0.0}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:

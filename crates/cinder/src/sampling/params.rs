@@ -56,10 +56,11 @@ impl SamplingParams {
 }
 
 /// Zeroes the tokens outside the `top_k` most likely and the smallest set of most likely
-/// tokens whose probabilities reach `top_p` (ties in the order of their ids). Only the `top_k`
-/// are put in order, and nothing when nothing is cut: a vocabulary of 50k tokens, every token.
+/// tokens whose probabilities reach `top_p` (ties in the order of their ids). The top k are
+/// found without sorting the rest, sorted only for top-p, and nothing is sorted when nothing
+/// is cut: a vocabulary of 50k tokens, every token.
 fn cut(probs: &mut [f32], top_k: Option<usize>, top_p: Option<f32>) {
-    let k = top_k.map_or(probs.len(), |k| k.clamp(1, probs.len()));
+    let k = top_k.map_or(probs.len(), |k| k.max(1).min(probs.len()));
     if k == probs.len() && top_p.is_none() {
         return;
     }
@@ -186,7 +187,7 @@ mod tests {
         let reference = |probs: &[f32], k: Option<usize>, p: Option<f32>| {
             let mut order: Vec<usize> = (0..probs.len()).collect();
             order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-            let mut keep = k.map_or(probs.len(), |k| k.clamp(1, probs.len()));
+            let mut keep = k.map_or(probs.len(), |k| k.max(1).min(probs.len()));
             if let Some(p) = p {
                 let mut acc = 0.0;
                 let reach = order.iter().position(|&i| {
@@ -205,8 +206,8 @@ mod tests {
             // Few distinct values, so that ties are common.
             let mut probs: Vec<f32> = (0..n).map(|_| rng.random_range(1..6) as f32).collect();
             normalise(&mut probs);
-            let k = [None, Some(1), Some(3), Some(n), Some(n + 5)][trial % 5];
-            let p = [None, Some(0.3), Some(0.9), Some(1.0)][(trial / 5) % 4];
+            let k = [None, Some(0), Some(1), Some(3), Some(n), Some(n + 5)][trial % 6];
+            let p = [None, Some(0.3), Some(0.9), Some(1.0)][(trial / 6) % 4];
             let mut cut_probs = probs.clone();
             cut(&mut cut_probs, k, p);
             let kept: Vec<bool> = cut_probs.iter().map(|&q| q > 0.0).collect();
