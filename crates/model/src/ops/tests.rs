@@ -394,3 +394,27 @@ fn embedding_and_head_loss_match_burn() {
         );
     }
 }
+
+/// The fused cached attention takes its cache's tensors by their layouts: buffers that are
+/// views of part of larger ones give what copies of them give (the kernel writes whole buffers).
+#[test]
+fn cached_attention_takes_views_of_buffers_as_their_values() {
+    let device = Device::flex();
+    let (s, block, c, n_head) = (2, 8, 16, 2);
+    let on_flex = |t: Tensor<3>| Tensor::<3>::from_data(t.into_data(), &device);
+    let qkv = on_flex(random([s, 1, 3 * c], 1));
+    let (keys, values_) = (
+        on_flex(random([s + 2, block, c], 2)),
+        on_flex(random([s + 2, block, c], 3)),
+    );
+    let view = |b: &Tensor<3>| b.clone().narrow(0, 1, s);
+    let copy = |b: &Tensor<3>| on_flex(view(b));
+    let starts = [3, 5];
+    let run = |kv| {
+        let (y, (k, v)) = fused::cached_attention(qkv.clone(), kv, &starts, n_head, true);
+        [values(&y), values(&k), values(&v)]
+    };
+    let from_views = run((view(&keys), view(&values_)));
+    let from_copies = run((copy(&keys), copy(&values_)));
+    assert_eq!(from_views, from_copies);
+}

@@ -408,8 +408,9 @@ impl Inference for Flex {
         };
         let rows = if last_only { 1 } else { new };
         let mut y = zeros(samples * rows * c);
-        // Written in place when the cache is not shared (the sampler's own), else copied.
-        let (mut keys, mut values) = (keys, values);
+        // Written in place when the cache is not shared (the sampler's own), else copied; a
+        // view of part of a buffer is made whole first (the kernel takes the whole buffer).
+        let (mut keys, mut values) = (owned(keys), owned(values));
         attention::forward_cached(
             &floats(&qkv),
             keys.storage_mut::<f32>(),
