@@ -629,6 +629,26 @@ impl<'a> Choice<'a> {
         events.send(event).map_err(|_| Gone)
     }
 
+    /// Sends `text` of choice `index`, if there is any, as of the request's `written` tokens.
+    fn send_text(
+        index: usize,
+        text: String,
+        written: usize,
+        events: &UnboundedSender<Event>,
+    ) -> Result<(), Gone> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        Self::send(
+            events,
+            Event::Text {
+                index,
+                text,
+                written,
+            },
+        )
+    }
+
     /// Decodes `token`, the request's `written`th, and sends the text it settles.
     fn push(
         &mut self,
@@ -637,17 +657,7 @@ impl<'a> Choice<'a> {
         events: &UnboundedSender<Event>,
     ) -> Result<(), Gone> {
         let (text, stopped) = self.held.push(&self.stream.push(token));
-        if !text.is_empty() {
-            let index = self.index;
-            Self::send(
-                events,
-                Event::Text {
-                    index,
-                    text,
-                    written,
-                },
-            )?;
-        }
+        Self::send_text(self.index, text, written, events)?;
         if stopped {
             self.finished = true;
             let (index, reason) = (self.index, Finish::Stop);
@@ -667,16 +677,7 @@ impl<'a> Choice<'a> {
             text.push_str(&self.held.release());
         }
         let index = self.index;
-        if !text.is_empty() {
-            Self::send(
-                events,
-                Event::Text {
-                    index,
-                    text,
-                    written,
-                },
-            )?;
-        }
+        Self::send_text(index, text, written, events)?;
         let reason = if stopped {
             Finish::Stop
         } else {
