@@ -1,12 +1,15 @@
-//! Causal multi-head self-attention on the fused `qkv` projection, one (sequence, head) pair per
-//! rayon task. The attention weights (before dropout) are kept for the backward pass; dropout's
-//! mask is recomputed from its seed. [`forward_cached`] is the inference pass over a key/value
-//! cache, for sampling.
+//! Causal self-attention on the fused `qkv` projection laid out as [`QkvLayout`] says: multi-head,
+//! or grouped-query when several query heads share a key/value head. The forward pass takes one
+//! (sequence, query head) pair per rayon task, the backward one (sequence, key/value head), so
+//! that a shared key's gradient is summed by one task, in head order. The attention weights
+//! (before dropout) are kept for the backward pass; dropout's mask is recomputed from its seed.
+//! [`forward_cached`] is the inference pass over a key/value cache, for sampling.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::QkvLayout;
 use crate::dropout::Mask;
 use crate::matmul::{Mat, SharedMut, matmul_into_strided};
 use crate::simd::{dot, exp_shifted_sum, max, multiversion};
@@ -16,14 +19,7 @@ use crate::simd::{dot, exp_shifted_sum, max, multiversion};
 pub struct Shape {
     pub batch: usize,
     pub seq: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-}
-
-impl Shape {
-    fn head_size(&self) -> usize {
-        self.n_embd / self.n_head
-    }
+    pub layout: QkvLayout,
 }
 
 multiversion! {
@@ -56,16 +52,17 @@ multiversion! {
 }
 
 /// # Shapes
-/// - qkv: `[B*T, 3C]` (queries, keys, values side by side; head h at columns `h*hs..`)
+/// - qkv: `[B*T, W]` (queries, keys, values side by side as `s.layout` says: `W` its width)
 /// - att: `[B, H, T, T]` written: the attention weights, before dropout
-/// - y: `[B*T, C]` written: heads side by side
+/// - y: `[B*T, C]` written: the `H` query heads side by side (`C` the queries' width)
 ///
 /// With `dropout`, the weights that mix the values are `att ⊙ mask`, element `(b, h, i, j)` of
 /// the mask being [`Mask::factor`] of its index in `att`.
 pub fn forward(qkv: &[f32], s: Shape, dropout: Option<Mask>, att: &mut [f32], y: &mut [f32]) {
-    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
-    assert_eq!(qkv.len(), s.batch * t * 3 * c);
-    assert_eq!(att.len(), s.batch * s.n_head * t * t);
+    let (t, l) = (s.seq, s.layout);
+    let (c, hs) = (l.q_width(), l.head_size);
+    assert_eq!(qkv.len(), s.batch * t * l.width());
+    assert_eq!(att.len(), s.batch * l.n_head * t * t);
     assert_eq!(y.len(), s.batch * t * c);
     let scale = 1.0 / (hs as f32).sqrt();
     let y_ptr = SharedMut(y.as_mut_ptr());
@@ -78,7 +75,7 @@ pub fn forward(qkv: &[f32], s: Shape, dropout: Option<Mask>, att: &mut [f32], y:
             }
         },
         |dropped, (bh, p)| {
-            let (b, h) = (bh / s.n_head, bh % s.n_head);
+            let (b, h) = (bh / l.n_head, bh % l.n_head);
             let [q, k, v] = head(qkv, s, b, h);
             // Row block by row block, each against the keys it may see: the blocks above the
             // diagonal are never computed.
@@ -120,11 +117,14 @@ fn apply_mask(p: &[f32], out: &mut [f32], t: usize, rows: Range<usize>, mask: Ma
     }
 }
 
-/// Queries, keys and values of head `h` of sequence `b`: `[T, hs]` views into `qkv`.
+/// Queries of head `h` of sequence `b`, and the keys and values it attends with: `[T, hs]`
+/// views into `qkv`.
 fn head(qkv: &[f32], s: Shape, b: usize, h: usize) -> [Mat<'_>; 3] {
-    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
-    let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
-    [0, 1, 2].map(|part| Mat::strided(&seq[part * c + h * hs..], t, hs, 3 * c, 1))
+    let (t, l) = (s.seq, s.layout);
+    let (w, g) = (l.width(), l.kv_head(h));
+    let seq = &qkv[b * t * w..(b + 1) * t * w];
+    [l.q_head(h), l.k_head(g), l.v_head(g)]
+        .map(|cols| Mat::strided(&seq[cols.start..], t, l.head_size, w, 1))
 }
 
 /// `a[rows] · b[0..rows.end]ᵀ` into rows `rows` of the `[T, T]` matrix `out`: a block of
@@ -153,10 +153,11 @@ fn row_blocks(t: usize) -> impl Iterator<Item = Range<usize>> {
 }
 
 /// Backward of [`forward`]: writes `dqkv` from `dy`, the saved weights `att` and the same
-/// `dropout`.
+/// `dropout`. One task per (sequence, key/value head): its query heads one after another, the
+/// first writing the shared keys' and values' gradients and the others adding to them.
 ///
 /// # Shapes
-/// - dy: `[B*T, C]`; qkv, dqkv: `[B*T, 3C]`; att: `[B, H, T, T]`
+/// - dy: `[B*T, C]`; qkv, dqkv: `[B*T, W]`; att: `[B, H, T, T]`
 pub fn backward(
     dy: &[f32],
     qkv: &[f32],
@@ -165,77 +166,86 @@ pub fn backward(
     dropout: Option<Mask>,
     dqkv: &mut [f32],
 ) {
-    let (t, c, hs) = (s.seq, s.n_embd, s.head_size());
-    assert_eq!(qkv.len(), s.batch * t * 3 * c);
+    let (t, l) = (s.seq, s.layout);
+    let (c, w, hs, group) = (l.q_width(), l.width(), l.head_size, l.group());
+    assert_eq!(qkv.len(), s.batch * t * w);
     assert_eq!(dqkv.len(), qkv.len());
-    assert_eq!(att.len(), s.batch * s.n_head * t * t);
+    assert_eq!(att.len(), s.batch * l.n_head * t * t);
     assert_eq!(dy.len(), s.batch * t * c);
     let scale = 1.0 / (hs as f32).sqrt();
     let d_ptr = SharedMut(dqkv.as_mut_ptr());
-    att.par_chunks(t * t).enumerate().for_each_init(
+    // The query heads of one key/value head are consecutive: so are their weights.
+    att.par_chunks(group * t * t).enumerate().for_each_init(
         || {
             let dropped = if dropout.is_some() { t * t } else { 0 };
             (vec![0.0f32; t * t], vec![0.0f32; dropped])
         },
-        |(dp, dropped), (bh, p)| {
-            let (b, h) = (bh / s.n_head, bh % s.n_head);
-            let [q, k, v] = head(qkv, s, b, h);
-            let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
-            // The weights that mixed the values: after dropout, if any.
-            let mixed = match dropout {
-                Some(mask) => {
-                    apply_mask(p, dropped, t, 0..t, mask, bh);
-                    Mat::new(dropped, t, t)
-                }
-                None => Mat::new(p, t, t),
-            };
-            let d_part =
-                |part: usize, row: usize| d_ptr.at((b * t + row) * 3 * c + part * c + h * hs);
-            // dP = (dY Vᵀ) ⊙ mask and dS, row block by row block (entries above the diagonal
-            // are 0).
-            for rows in row_blocks(t) {
-                block_scores(dp, t, rows.clone(), dy_bh, v);
-                for i in rows {
-                    let row = &mut dp[i * t..(i + 1) * t];
-                    if let Some(mask) = dropout {
-                        let first = ((bh * t + i) * t) as u64;
-                        for (j, g) in row[..=i].iter_mut().enumerate() {
-                            *g *= mask.factor(first + j as u64);
-                        }
+        |(dp, dropped), (bg, ps)| {
+            let (b, g) = (bg / l.n_kv_head, bg % l.n_kv_head);
+            for (member, p) in ps.chunks_exact(t * t).enumerate() {
+                let h = g * group + member;
+                let bh = b * l.n_head + h;
+                let [q, k, v] = head(qkv, s, b, h);
+                let dy_bh = Mat::strided(&dy[b * t * c + h * hs..], t, hs, c, 1);
+                // The weights that mixed the values: after dropout, if any.
+                let mixed = match dropout {
+                    Some(mask) => {
+                        apply_mask(p, dropped, t, 0..t, mask, bh);
+                        Mat::new(dropped, t, t)
                     }
-                    softmax_backward_row(&p[i * t..(i + 1) * t], row, i, scale);
+                    None => Mat::new(p, t, t),
+                };
+                let d_at =
+                    |cols: Range<usize>, row: usize| d_ptr.at((b * t + row) * w + cols.start);
+                // dP = (dY Vᵀ) ⊙ mask and dS, row block by row block (entries above the
+                // diagonal are 0).
+                for rows in row_blocks(t) {
+                    block_scores(dp, t, rows.clone(), dy_bh, v);
+                    for i in rows {
+                        let row = &mut dp[i * t..(i + 1) * t];
+                        if let Some(mask) = dropout {
+                            let first = ((bh * t + i) * t) as u64;
+                            for (j, d) in row[..=i].iter_mut().enumerate() {
+                                *d *= mask.factor(first + j as u64);
+                            }
+                        }
+                        softmax_backward_row(&p[i * t..(i + 1) * t], row, i, scale);
+                    }
                 }
-            }
-            let ds = Mat::new(dp, t, t);
-            // SAFETY: the dqkv blocks written (rows b*T.., columns h*hs.. of the q, k and v
-            // parts) belong to (b, h) alone.
-            for block in row_blocks(t) {
-                let seen = block.end;
-                let later = block.start..t; // the queries that see keys of this block
-                unsafe {
-                    // dQ = dS K for the block's queries.
-                    matmul_into_strided(
-                        d_part(0, block.start),
-                        (3 * c, 1),
-                        ds.rows(block.clone()).cols(0..seen),
-                        k.rows(0..seen),
-                        false,
-                    );
-                    // dK = dSᵀ Q and dV = (P ⊙ mask)ᵀ dY for the block's keys.
-                    matmul_into_strided(
-                        d_part(1, block.start),
-                        (3 * c, 1),
-                        ds.rows(later.clone()).cols(block.clone()).t(),
-                        q.rows(later.clone()),
-                        false,
-                    );
-                    matmul_into_strided(
-                        d_part(2, block.start),
-                        (3 * c, 1),
-                        mixed.rows(later.clone()).cols(block.clone()).t(),
-                        dy_bh.rows(later),
-                        false,
-                    );
+                let ds = Mat::new(dp, t, t);
+                // The group's first head writes the keys' and values' gradients, the others
+                // add theirs.
+                let add = member > 0;
+                // SAFETY: the dqkv blocks written (rows b*T.., the columns of query head h and
+                // of key/value head g) belong to (b, g) alone.
+                for block in row_blocks(t) {
+                    let seen = block.end;
+                    let later = block.start..t; // the queries that see keys of this block
+                    unsafe {
+                        // dQ = dS K for the block's queries.
+                        matmul_into_strided(
+                            d_at(l.q_head(h), block.start),
+                            (w, 1),
+                            ds.rows(block.clone()).cols(0..seen),
+                            k.rows(0..seen),
+                            false,
+                        );
+                        // dK = dSᵀ Q and dV = (P ⊙ mask)ᵀ dY for the block's keys.
+                        matmul_into_strided(
+                            d_at(l.k_head(g), block.start),
+                            (w, 1),
+                            ds.rows(later.clone()).cols(block.clone()).t(),
+                            q.rows(later.clone()),
+                            add,
+                        );
+                        matmul_into_strided(
+                            d_at(l.v_head(g), block.start),
+                            (w, 1),
+                            mixed.rows(later.clone()).cols(block.clone()).t(),
+                            dy_bh.rows(later),
+                            add,
+                        );
+                    }
                 }
             }
         },
@@ -251,23 +261,24 @@ pub struct CachedShape {
     pub new: usize,
     /// Positions the cache holds.
     pub block: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
+    pub layout: QkvLayout,
 }
 
 /// Attention for inference over a key/value cache: the new positions' keys and values are
 /// written into the cache, after the `starts[t]` positions text `t` has there already (each
 /// text its own length; [`crate::start_of`]), and each new query attends to every position of
-/// its text up to its own that the cache holds (the last `block`, past them: see below). With `last_only`, only each text's last query is computed (all a
-/// sampler needs of the last block).
+/// its text up to its own that the cache holds (the last `block`, past them: see below). With
+/// `last_only`, only each text's last query is computed (all a sampler needs of the last
+/// block).
 ///
 /// The cache is a ring: position `p` sits in slot `p % block`. A text past `block` positions
 /// (one new position per pass, then) writes over its oldest and attends to its last `block`:
 /// the sliding window of rotary positions, whose keys carry only their distance to the query.
 ///
 /// # Shapes
-/// - qkv: `[S, new, 3C]`; keys, values: `[S, block, C]`, heads side by side; starts: `[S]` or `[0]`
-/// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only`
+/// - qkv: `[S, new, W]` (as `s.layout` says); keys, values: `[S, block, KV]`, the key/value
+///   heads side by side; starts: `[S]` or `[0]`
+/// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only` (`C` the queries' width)
 pub fn forward_cached(
     qkv: &[f32],
     keys: &mut [f32],
@@ -277,31 +288,31 @@ pub fn forward_cached(
     last_only: bool,
     y: &mut [f32],
 ) {
-    let (n, c) = (s.new, s.n_embd);
+    let (n, l) = (s.new, s.layout);
+    let (c, kv, w) = (l.q_width(), l.kv_width(), l.width());
     let start = |text: usize| crate::start_of(starts, text);
     assert!(
         (0..s.samples).all(|t| start(t) + n <= s.block || n == 1),
         "a pass fits in the cache's block positions, or slides it by one"
     );
-    assert_eq!(qkv.len(), s.samples * n * 3 * c);
-    assert_eq!(keys.len(), s.samples * s.block * c);
+    assert_eq!(qkv.len(), s.samples * n * w);
+    assert_eq!(keys.len(), s.samples * s.block * kv);
     assert_eq!(values.len(), keys.len());
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
-    for (r, row) in qkv.chunks_exact(3 * c).enumerate() {
-        let at = ((r / n) * s.block + (start(r / n) + r % n) % s.block) * c;
-        keys[at..at + c].copy_from_slice(&row[c..2 * c]);
-        values[at..at + c].copy_from_slice(&row[2 * c..]);
+    for (r, row) in qkv.chunks_exact(w).enumerate() {
+        let at = ((r / n) * s.block + (start(r / n) + r % n) % s.block) * kv;
+        keys[at..at + kv].copy_from_slice(&row[l.k()]);
+        values[at..at + kv].copy_from_slice(&row[l.v()]);
     }
     if starts.iter().all(|&p| p == 0) && n > 1 {
         // A window from an empty cache: the training pass's causal attention (matrix products).
         let shape = Shape {
             batch: s.samples,
             seq: n,
-            n_head: s.n_head,
-            n_embd: c,
+            layout: l,
         };
-        let mut att = vec![0.0f32; s.samples * s.n_head * n * n];
+        let mut att = vec![0.0f32; s.samples * l.n_head * n * n];
         if last_only {
             let mut all = vec![0.0f32; s.samples * n * c];
             forward(qkv, shape, None, &mut att, &mut all);
@@ -313,20 +324,20 @@ pub fn forward_cached(
         }
         return;
     }
-    let scale = 1.0 / ((c / s.n_head) as f32).sqrt();
+    let scale = 1.0 / (l.head_size as f32).sqrt();
     let (keys, values) = (&*keys, &*values);
     // One task per (text, output row): its query, every head, against the positions it may see.
     y.par_chunks_mut(c)
         .enumerate()
         .for_each_init(Vec::new, |weights, (row, out)| {
             let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
-            let q = &qkv[(sample * n + i) * 3 * c..][..c];
-            let cache = sample * s.block * c..(sample + 1) * s.block * c; // this text's [block, C]
+            let q = &qkv[(sample * n + i) * w..][l.q()];
+            let cache = sample * s.block * kv..(sample + 1) * s.block * kv; // [block, KV]
             // Past block positions, every slot: the last block, in ring order (the sums ignore it).
             let seen = (start(sample) + i + 1).min(s.block);
-            weights.resize(s.n_head * seen, 0.0);
+            weights.resize(l.n_head * seen, 0.0);
             let at = Attend {
-                n_head: s.n_head,
+                layout: l,
                 seen,
                 scale,
             };
@@ -337,7 +348,7 @@ pub fn forward_cached(
 /// What [`attend_row`] needs besides its slices.
 #[derive(Clone, Copy)]
 struct Attend {
-    n_head: usize,
+    layout: QkvLayout,
     /// Cached positions the query sees: the first `seen` of the text's.
     seen: usize,
     scale: f32,
@@ -345,7 +356,7 @@ struct Attend {
 
 multiversion! {
     /// One position's query `q` `[C]` (heads side by side) against the first `a.seen` cached
-    /// positions of its text, `keys`, `values` `[block, C]`: `out` `[C]` written, `scratch`
+    /// positions of its text, `keys`, `values` `[block, KV]`: `out` `[C]` written, `scratch`
     /// `[H * seen]` (each head's weights). The cache is read position after position, every
     /// head at once, in the order it lies in memory; each head's sums run in the same order as
     /// a head alone.
@@ -357,12 +368,24 @@ multiversion! {
         scratch: &mut [f32],
         out: &mut [f32],
     ) {
-        let (c, seen) = (q.len(), a.seen);
-        let hs = c / a.n_head;
-        let weights = &mut scratch[..a.n_head * seen];
-        for (t, k) in keys.chunks_exact(c).take(seen).enumerate() {
-            for (h, (q, k)) in q.chunks_exact(hs).zip(k.chunks_exact(hs)).enumerate() {
-                weights[h * seen + t] = dot(q, k) * a.scale;
+        let (l, seen) = (a.layout, a.seen);
+        let (hs, kv, group) = (l.head_size, l.kv_width(), l.group());
+        let weights = &mut scratch[..l.n_head * seen];
+        // Multi-head attention (a group of one) zips each query head with its key/value head
+        // directly: through the grouped loops it took 22% more instructions, and batched
+        // sampling 13% more time. Either way each head's sums run in the same order.
+        for (t, k) in keys.chunks_exact(kv).take(seen).enumerate() {
+            if group == 1 {
+                for (h, (q, k)) in q.chunks_exact(hs).zip(k.chunks_exact(hs)).enumerate() {
+                    weights[h * seen + t] = dot(q, k) * a.scale;
+                }
+                continue;
+            }
+            // Key/value head g serves query heads g * group.. (g + 1) * group.
+            for (g, (q, k)) in q.chunks_exact(hs * group).zip(k.chunks_exact(hs)).enumerate() {
+                for (j, q) in q.chunks_exact(hs).enumerate() {
+                    weights[(g * group + j) * seen + t] = dot(q, k) * a.scale;
+                }
             }
         }
         for w in weights.chunks_exact_mut(seen) {
@@ -371,13 +394,27 @@ multiversion! {
             w.iter_mut().for_each(|w| *w /= total);
         }
         out.fill(0.0);
-        for (t, v) in values.chunks_exact(c).take(seen).enumerate() {
-            for (h, (o, v)) in out.chunks_exact_mut(hs).zip(v.chunks_exact(hs)).enumerate() {
-                let wt = weights[h * seen + t];
-                for (o, v) in o.iter_mut().zip(v) {
-                    *o += wt * v;
+        for (t, v) in values.chunks_exact(kv).take(seen).enumerate() {
+            if group == 1 {
+                for (h, (o, v)) in out.chunks_exact_mut(hs).zip(v.chunks_exact(hs)).enumerate() {
+                    axpy(o, weights[h * seen + t], v);
+                }
+                continue;
+            }
+            let heads = out.chunks_exact_mut(hs * group).zip(v.chunks_exact(hs));
+            for (g, (o, v)) in heads.enumerate() {
+                for (j, o) in o.chunks_exact_mut(hs).enumerate() {
+                    axpy(o, weights[(g * group + j) * seen + t], v);
                 }
             }
         }
+    }
+}
+
+/// `o += w * v`.
+#[inline(always)]
+fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
+    for (o, v) in o.iter_mut().zip(v) {
+        *o += w * v;
     }
 }

@@ -6,19 +6,21 @@
 //! of threads: work is cut at fixed sizes and sums are taken in a fixed order.
 //!
 //! - one module per layer kind: [`embedding`], [`layernorm`], [`rmsnorm`], [`linear`],
-//!   [`rotary`] (QK-norm and RoPE), [`attention`], [`gelu`], [`dropout`], [`loss`] (the head,
+//!   [`rotary`] (QK-norm and RoPE), [`attention`], [`activation`] (GELU and ReLU²), [`dropout`], [`loss`] (the head,
 //!   its soft-cap and the cross-entropy)
+//! - [`QkvLayout`]: where attention's queries, keys and values sit in its fused projection
 //! - [`adamw`]: the optimizer's update of one tensor, and clipping's sums of squares
 //! - [`muon`]: Muon's orthogonalisation of an update (Newton-Schulz iterations)
 //! - [`matmul`]: row-major products with transposes as strides; [`rows`]: passes over rows in
 //!   fixed blocks; [`simd`]: vector dispatch, `exp`
 
+pub mod activation;
 pub mod adamw;
 pub mod attention;
 pub mod dropout;
 pub mod embedding;
-pub mod gelu;
 pub mod layernorm;
+mod layout;
 pub mod linear;
 pub mod loss;
 pub mod matmul;
@@ -27,6 +29,8 @@ pub mod rmsnorm;
 pub mod rotary;
 pub mod rows;
 pub mod simd;
+
+pub use layout::QkvLayout;
 
 /// The first position of sequence `b` of a pass whose sequences start at `starts`: one position
 /// per sequence (texts decoded together from a key/value cache, each at its own length), or

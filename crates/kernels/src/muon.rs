@@ -17,31 +17,43 @@ pub const EPSILON: f32 = 1e-7;
 /// threads busy. A share count set by the shape alone keeps results thread-independent.
 const ROWS_PER_SHARE: usize = 64;
 
-/// `u` (`[rows, cols]`, row-major) read as `splits` matrices side by side, each `[rows,
-/// cols / splits]`, every one orthogonalised and multiplied by `sqrt(max(1, width / rows))`
-/// (`width = cols / splits`: Burn's `[in, out]` layout, so the factor is `fan_out / fan_in`).
+/// `u` (`[rows, cols]`, row-major) read as matrices of `widths` columns side by side (attention's
+/// queries, keys and values: [`crate::QkvLayout::widths`]; else one), each orthogonalised and
+/// multiplied by `sqrt(max(1, width / rows))` (Burn's `[in, out]` layout, so the factor is
+/// `fan_out / fan_in`).
 ///
 /// # Shapes
-/// - u: `[rows, cols]`, `cols` a multiple of `splits`; output: the same
-pub fn orthogonalise(u: &[f32], rows: usize, cols: usize, splits: usize) -> Vec<f32> {
+/// - u: `[rows, cols]`, `cols` the sum of `widths`; output: the same
+pub fn orthogonalise(u: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
+    let cols: usize = widths.iter().sum();
     assert_eq!(u.len(), rows * cols, "update does not match its shape");
     assert!(
-        splits > 0 && cols.is_multiple_of(splits),
-        "{cols} columns in {splits} matrices"
+        widths.iter().all(|&w| w > 0),
+        "an empty matrix in {widths:?}"
     );
-    let width = cols / splits;
-    let scale = (width as f32 / rows as f32).max(1.0).sqrt();
+    let firsts: Vec<usize> = widths
+        .iter()
+        .scan(0, |at, &w| {
+            *at += w;
+            Some(*at - w)
+        })
+        .collect();
     // Each matrix in the orientation with no more rows than columns, contiguous: [m, n].
-    let tall = rows > width;
-    let (m, n) = if tall { (width, rows) } else { (rows, width) };
-    let at = |i: usize, j: usize| if tall { j * n + i } else { i * n + j };
-    let parts: Vec<Vec<f32>> = (0..splits)
-        .into_par_iter()
-        .map(|s| {
+    let oriented = |width: usize| {
+        let tall = rows > width;
+        let (m, n) = if tall { (width, rows) } else { (rows, width) };
+        let at = move |i: usize, j: usize| if tall { j * n + i } else { i * n + j };
+        (m, n, at)
+    };
+    let parts: Vec<Vec<f32>> = widths
+        .par_iter()
+        .zip(&firsts)
+        .map(|(&width, &first)| {
+            let (m, n, at) = oriented(width);
             let mut x = vec![0.0f32; m * n];
             for i in 0..rows {
                 for j in 0..width {
-                    x[at(i, j)] = u[i * cols + s * width + j];
+                    x[at(i, j)] = u[i * cols + first + j];
                 }
             }
             newton_schulz(&mut x, m, n);
@@ -49,10 +61,12 @@ pub fn orthogonalise(u: &[f32], rows: usize, cols: usize, splits: usize) -> Vec<
         })
         .collect();
     let mut out = vec![0.0f32; rows * cols];
-    for (s, x) in parts.iter().enumerate() {
+    for ((x, &width), &first) in parts.iter().zip(widths).zip(&firsts) {
+        let (_, _, at) = oriented(width);
+        let scale = (width as f32 / rows as f32).max(1.0).sqrt();
         for i in 0..rows {
             for j in 0..width {
-                out[i * cols + s * width + j] = scale * x[at(i, j)];
+                out[i * cols + first + j] = scale * x[at(i, j)];
             }
         }
     }

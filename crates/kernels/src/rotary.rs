@@ -1,6 +1,6 @@
 //! Queries and keys before attention: each head's RMS-normalised (QK-norm) and then rotated by
-//! its position (rotary embeddings, RoPE), on the fused `[N, 3C]` projection. Values pass
-//! unchanged. RoPE pairs the two halves of a head (GPT-NeoX's layout): element `i` and
+//! its position (rotary embeddings, RoPE), on the fused `[N, W]` projection ([`QkvLayout`]).
+//! Values pass unchanged. RoPE pairs the two halves of a head (GPT-NeoX's layout): element `i` and
 //! `i + hs/2` turn by the angle `pos · base^(-i / (hs/2))`.
 
 use std::cell::RefCell;
@@ -8,17 +8,16 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use crate::{rmsnorm, rows};
+use crate::{QkvLayout, rmsnorm, rows};
 
 /// RoPE's base (RoFormer's, Llama's, the nanoGPT speedrun's).
 pub const ROPE_BASE: f64 = 10_000.0;
 
-/// What happens to the queries and keys of a `[B·T, 3C]` projection whose rows are the
+/// What happens to the queries and keys of a `[B·T, W]` projection whose rows are the
 /// positions `starts[b]..starts[b] + seq` of each sequence `b`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qk {
-    pub n_embd: usize,
-    pub n_head: usize,
+    pub layout: QkvLayout,
     pub seq: usize,
     /// Each sequence's first position, or none when all start at 0 ([`crate::start_of`]).
     pub starts: Vec<usize>,
@@ -107,7 +106,7 @@ fn tables(s: &Qk) -> (Vec<f32>, Vec<f32>) {
     let (mut cos, mut sin) = (Vec::new(), Vec::new());
     if s.rope {
         for start in crate::position_rows(&s.starts) {
-            let (c, sn) = rope_table(start, s.seq, s.n_embd / s.n_head);
+            let (c, sn) = rope_table(start, s.seq, s.layout.head_size);
             cos.extend(c);
             sin.extend(sn);
         }
@@ -116,7 +115,7 @@ fn tables(s: &Qk) -> (Vec<f32>, Vec<f32>) {
 }
 
 impl Qk {
-    /// The row of [`tables`] that row `row` of the `[B·T, 3C]` projection turns by.
+    /// The row of [`tables`] that row `row` of the `[B·T, W]` projection turns by.
     fn table_row(&self, row: usize) -> usize {
         if self.starts.is_empty() {
             row % self.seq
@@ -124,26 +123,30 @@ impl Qk {
             row
         }
     }
+
+    /// Heads turned per row: the queries', then the keys' (whose columns follow them).
+    pub fn heads(&self) -> usize {
+        self.layout.n_head + self.layout.n_kv_head
+    }
 }
 
 /// `out` = `qkv` with its queries and keys normalised and rotated as `s` says; each head's
 /// 1/rms goes to `rstd` (queries' heads, then keys'; 1 without QK-norm).
 ///
 /// # Shapes
-/// - qkv, out: `[N, 3C]` with `N` a multiple of `s.seq`; rstd: `[N, 2H]`
+/// - qkv, out: `[N, W]` with `N` a multiple of `s.seq`; rstd: `[N, H + KV]` ([`Qk::heads`])
 pub fn forward(qkv: &[f32], s: &Qk, out: &mut [f32], rstd: &mut [f32]) {
-    let (c, h) = (s.n_embd, s.n_head);
-    let hs = c / h;
+    let (w, h, hs) = (s.layout.width(), s.heads(), s.layout.head_size);
     let (cos, sin) = tables(s);
-    let rows = rows_per(c);
-    out.par_chunks_mut(3 * c * rows)
-        .zip(qkv.par_chunks(3 * c * rows))
-        .zip(rstd.par_chunks_mut(2 * h * rows))
+    let rows = rows_per(w);
+    out.par_chunks_mut(w * rows)
+        .zip(qkv.par_chunks(w * rows))
+        .zip(rstd.par_chunks_mut(h * rows))
         .enumerate()
         .for_each(|(task, ((out, qkv), rstd))| {
-            let rows = out.chunks_exact_mut(3 * c).zip(qkv.chunks_exact(3 * c));
-            for (i, ((o, x), r)) in rows.zip(rstd.chunks_exact_mut(2 * h)).enumerate() {
-                let t = s.table_row(task * rows_per(c) + i);
+            let rows = out.chunks_exact_mut(w).zip(qkv.chunks_exact(w));
+            for (i, ((o, x), r)) in rows.zip(rstd.chunks_exact_mut(h)).enumerate() {
+                let t = s.table_row(task * rows_per(w) + i);
                 o.copy_from_slice(x);
                 for (head, r) in r.iter_mut().enumerate() {
                     let at = head * hs..(head + 1) * hs; // queries' heads, then keys'
@@ -164,26 +167,22 @@ pub fn forward(qkv: &[f32], s: &Qk, out: &mut [f32], rstd: &mut [f32]) {
 /// and `rstd`.
 ///
 /// # Shapes
-/// - dout, out, dqkv: `[N, 3C]`; rstd: `[N, 2H]`
+/// - dout, out, dqkv: `[N, W]`; rstd: `[N, H + KV]`
 pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: &Qk, dqkv: &mut [f32]) {
-    let (c, h) = (s.n_embd, s.n_head);
-    let hs = c / h;
+    let (w, h, hs) = (s.layout.width(), s.heads(), s.layout.head_size);
     let (cos, sin) = tables(s);
-    let rows = rows_per(c);
-    dqkv.par_chunks_mut(3 * c * rows)
-        .zip(
-            dout.par_chunks(3 * c * rows)
-                .zip(out.par_chunks(3 * c * rows)),
-        )
-        .zip(rstd.par_chunks(2 * h * rows))
+    let rows = rows_per(w);
+    dqkv.par_chunks_mut(w * rows)
+        .zip(dout.par_chunks(w * rows).zip(out.par_chunks(w * rows)))
+        .zip(rstd.par_chunks(h * rows))
         .enumerate()
         .for_each_init(
             || (vec![0.0; hs], vec![0.0; hs]),
             |(dy, y), (task, ((dx, (dout, out)), rstd))| {
-                let rows = dx.chunks_exact_mut(3 * c).zip(dout.chunks_exact(3 * c));
-                let rows = rows.zip(out.chunks_exact(3 * c).zip(rstd.chunks_exact(2 * h)));
+                let rows = dx.chunks_exact_mut(w).zip(dout.chunks_exact(w));
+                let rows = rows.zip(out.chunks_exact(w).zip(rstd.chunks_exact(h)));
                 for (i, ((dx, dout), (out, rstd))) in rows.enumerate() {
-                    let t = s.table_row(task * rows_per(c) + i);
+                    let t = s.table_row(task * rows_per(w) + i);
                     dx.copy_from_slice(dout);
                     for (head, &r) in rstd.iter().enumerate() {
                         let at = head * hs..(head + 1) * hs;
@@ -208,9 +207,9 @@ pub fn backward(dout: &[f32], out: &[f32], rstd: &[f32], s: &Qk, dqkv: &mut [f32
         );
 }
 
-/// Rows per rayon task for a projection `3 * n_embd` wide.
-fn rows_per(n_embd: usize) -> usize {
-    rows::per_task(3 * n_embd)
+/// Rows per rayon task for a projection `width` wide.
+fn rows_per(width: usize) -> usize {
+    rows::per_task(width)
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 use cinder_kernels::attention::{self, Shape};
 use cinder_kernels::layernorm::Norm;
 use cinder_kernels::linear::{self, Linear};
-use cinder_kernels::{dropout, embedding, gelu, layernorm, loss, rmsnorm, rotary};
+use cinder_kernels::{QkvLayout, activation, dropout, embedding, layernorm, loss, rmsnorm, rotary};
+use cinder_testing::max_diff;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -14,14 +15,6 @@ const EPS: f32 = 1e-5;
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// `Σ y ⊙ r` in f64: the scalar objective whose gradient with respect to `y` is `r`.
@@ -62,27 +55,27 @@ fn check_gradient(
     }
 }
 
-/// Causal attention straight from its definition, for one sequence and one head at a time.
+/// Causal attention straight from its definition, for one sequence and one query head at a
+/// time: query head `h` with key/value head `h / (n_head / n_kv_head)`.
 fn naive_attention(qkv: &[f32], s: Shape) -> Vec<f32> {
-    let (t, c) = (s.seq, s.n_embd);
-    let hs = c / s.n_head;
+    let (t, l) = (s.seq, s.layout);
+    let (c, w, hs) = (l.n_head * l.head_size, l.width(), l.head_size);
     let mut y = vec![0.0; s.batch * t * c];
     for b in 0..s.batch {
-        for h in 0..s.n_head {
-            let at =
-                |i: usize, part: usize, d: usize| qkv[(b * t + i) * 3 * c + part * c + h * hs + d];
+        for h in 0..l.n_head {
+            let g = h * l.n_kv_head / l.n_head;
+            let q = |i: usize, d: usize| qkv[(b * t + i) * w + h * hs + d];
+            let k = |j: usize, d: usize| qkv[(b * t + j) * w + c + g * hs + d];
+            let v = |j: usize, d: usize| qkv[(b * t + j) * w + c + l.kv_width() + g * hs + d];
             for i in 0..t {
                 let scores: Vec<f32> = (0..=i)
-                    .map(|j| {
-                        (0..hs).map(|d| at(i, 0, d) * at(j, 1, d)).sum::<f32>() / (hs as f32).sqrt()
-                    })
+                    .map(|j| (0..hs).map(|d| q(i, d) * k(j, d)).sum::<f32>() / (hs as f32).sqrt())
                     .collect();
                 let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
                 let total: f32 = e.iter().sum();
                 for d in 0..hs {
-                    y[(b * t + i) * c + h * hs + d] =
-                        (0..=i).map(|j| e[j] / total * at(j, 2, d)).sum();
+                    y[(b * t + i) * c + h * hs + d] = (0..=i).map(|j| e[j] / total * v(j, d)).sum();
                 }
             }
         }
@@ -92,47 +85,56 @@ fn naive_attention(qkv: &[f32], s: Shape) -> Vec<f32> {
 
 #[test]
 fn attention_matches_its_definition_across_row_blocks() {
-    // 150 positions: three blocks of queries, the last one partial.
-    let s = Shape {
-        batch: 2,
-        seq: 150,
-        n_head: 3,
-        n_embd: 24,
-    };
-    let qkv = random(s.batch * s.seq * 3 * s.n_embd, 1);
-    let mut att = vec![0.0; s.batch * s.n_head * s.seq * s.seq];
-    let mut y = vec![0.0; s.batch * s.seq * s.n_embd];
-    attention::forward(&qkv, s, None, &mut att, &mut y);
-    let diff = max_diff(&y, &naive_attention(&qkv, s));
-    assert!(diff < 1e-5, "max difference {diff}");
-    // The weights: rows sum to 1, nothing above the diagonal.
-    for row in 0..s.batch * s.n_head * s.seq {
-        let i = row % s.seq;
-        let w = &att[row * s.seq..(row + 1) * s.seq];
-        assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-5);
-        assert!(w[i + 1..].iter().all(|&x| x == 0.0));
+    // 150 positions: three blocks of queries, the last one partial. Multi-head, grouped-query
+    // and multi-query attention.
+    for layout in [
+        QkvLayout::new(3, 3, 8),
+        QkvLayout::new(6, 2, 4),
+        QkvLayout::new(4, 1, 6),
+    ] {
+        let s = Shape {
+            batch: 2,
+            seq: 150,
+            layout,
+        };
+        let qkv = random(s.batch * s.seq * layout.width(), 1);
+        let mut att = vec![0.0; s.batch * layout.n_head * s.seq * s.seq];
+        let mut y = vec![0.0; s.batch * s.seq * layout.q_width()];
+        attention::forward(&qkv, s, None, &mut att, &mut y);
+        let diff = max_diff(&y, &naive_attention(&qkv, s));
+        assert!(diff < 1e-5, "{layout:?}: max difference {diff}");
+        // The weights: rows sum to 1, nothing above the diagonal.
+        for row in 0..s.batch * layout.n_head * s.seq {
+            let i = row % s.seq;
+            let w = &att[row * s.seq..(row + 1) * s.seq];
+            assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            assert!(w[i + 1..].iter().all(|&x| x == 0.0));
+        }
     }
 }
 
 #[test]
 fn attention_backward_matches_finite_differences() {
-    let s = Shape {
-        batch: 1,
-        seq: 70,
-        n_head: 2,
-        n_embd: 8,
-    };
-    let qkv = random(s.seq * 3 * s.n_embd, 2);
-    let r = random(s.seq * s.n_embd, 3); // loss = sum(y * r)
-    let loss = |qkv: &[f32]| weighted_sum(&naive_attention(qkv, s), &r);
-    let mut att = vec![0.0; s.n_head * s.seq * s.seq];
-    let mut y = vec![0.0; s.seq * s.n_embd];
-    attention::forward(&qkv, s, None, &mut att, &mut y);
-    let mut dqkv = vec![0.0; qkv.len()];
-    attention::backward(&r, &qkv, &att, s, None, &mut dqkv);
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let at: Vec<usize> = (0..40).map(|_| rng.random_range(0..qkv.len())).collect();
-    check_gradient("dqkv", loss, &qkv, &dqkv, at);
+    // Grouped heads sum their gradients into the keys and values they share.
+    for (layout, seed) in [(QkvLayout::new(2, 2, 4), 2), (QkvLayout::new(4, 2, 4), 12)] {
+        let s = Shape {
+            batch: 1,
+            seq: 70,
+            layout,
+        };
+        let qkv = random(s.seq * layout.width(), seed);
+        let r = random(s.seq * layout.q_width(), seed + 1); // loss = sum(y * r)
+        let loss = |qkv: &[f32]| weighted_sum(&naive_attention(qkv, s), &r);
+        let mut att = vec![0.0; layout.n_head * s.seq * s.seq];
+        let mut y = vec![0.0; s.seq * layout.q_width()];
+        attention::forward(&qkv, s, None, &mut att, &mut y);
+        let mut dqkv = vec![0.0; qkv.len()];
+        attention::backward(&r, &qkv, &att, s, None, &mut dqkv);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed + 2);
+        // Every part: queries, keys and values.
+        let at: Vec<usize> = (0..60).map(|_| rng.random_range(0..qkv.len())).collect();
+        check_gradient(&format!("dqkv {layout:?}"), loss, &qkv, &dqkv, at);
+    }
 }
 
 #[test]
@@ -191,27 +193,27 @@ fn gelu_matches_its_definition_and_derivative() {
         0.5 * v * (1.0 + u.tanh())
     };
     let relu2 = |v: f64| v.max(0.0) * v.max(0.0);
-    let kinds: [(gelu::Kind, &dyn Fn(f64) -> f64); 3] = [
-        (gelu::Kind::Erf, &exact),
-        (gelu::Kind::Tanh, &tanh),
-        (gelu::Kind::Relu2, &relu2),
+    let kinds: [(activation::Kind, &dyn Fn(f64) -> f64); 3] = [
+        (activation::Kind::Erf, &exact),
+        (activation::Kind::Tanh, &tanh),
+        (activation::Kind::Relu2, &relu2),
     ];
     for (kind, f) in kinds {
         let mut derivative = x.clone();
         let mut out = vec![0.0; x.len()];
-        gelu::forward_keep_derivative(kind, &mut derivative, None, &mut out);
+        activation::forward_keep_derivative(kind, &mut derivative, None, &mut out);
         let want: Vec<f32> = x.iter().map(|&v| f(f64::from(v)) as f32).collect();
         assert!(max_diff(&out, &want) < 2e-6, "{kind:?}");
         // Inference gives the same values, in place, and a bias is added to each row.
         let bias = [0.5f32, -1.0, 0.25];
         let mut in_place = x.clone();
-        gelu::forward_in_place(kind, &mut in_place, Some(&bias));
+        activation::forward_in_place(kind, &mut in_place, Some(&bias));
         for (i, (&v, &g)) in x.iter().zip(&in_place).enumerate() {
             let want = f(f64::from(v + bias[i % 3])) as f32;
             assert!((g - want).abs() < 2e-6, "{kind:?} at {v}: {g} vs {want}");
         }
         let mut d = vec![1.0; x.len()];
-        gelu::backward_from_derivative(&derivative, &mut d);
+        activation::backward_from_derivative(&derivative, &mut d);
         for (i, &v) in x.iter().enumerate().step_by(13) {
             let h = 1e-3f64;
             let numeric = (f(f64::from(v) + h) - f(f64::from(v) - h)) / (2.0 * h);
@@ -231,12 +233,11 @@ fn attention_backward_checks_every_buffer_length() {
     let s = Shape {
         batch: 1,
         seq: 4,
-        n_head: 2,
-        n_embd: 4,
+        layout: QkvLayout::new(2, 2, 2),
     };
-    let (bt, c, t) = (s.batch * s.seq, s.n_embd, s.seq);
-    let qkv = random(bt * 3 * c, 2);
-    let mut att = vec![0.0; s.batch * s.n_head * t * t];
+    let (bt, c, t) = (s.batch * s.seq, s.layout.q_width(), s.seq);
+    let qkv = random(bt * s.layout.width(), 2);
+    let mut att = vec![0.0; s.batch * s.layout.n_head * t * t];
     let mut y = vec![0.0; bt * c];
     attention::forward(&qkv, s, None, &mut att, &mut y);
     let good = |dy: &[f32], att: &[f32]| {
@@ -472,12 +473,12 @@ fn rmsnorm_matches_its_definition_and_its_backward_finite_differences() {
 /// head RMS-normalised (when `norm`), then element `i` and `i + hs/2` turned by
 /// `pos · 10000^(-i / (hs/2))` (when `rope`).
 fn naive_qk(qkv: &[f32], s: &rotary::Qk) -> Vec<f32> {
-    let (c, hs) = (s.n_embd, s.n_embd / s.n_head);
+    let (w, hs) = (s.layout.width(), s.layout.head_size);
     let half = hs / 2;
     let mut out = qkv.to_vec();
-    for (row, o) in out.chunks_mut(3 * c).enumerate() {
+    for (row, o) in out.chunks_mut(w).enumerate() {
         let pos = (cinder_kernels::start_of(&s.starts, row / s.seq) + row % s.seq) as f64;
-        for head in o[..2 * c].chunks_mut(hs) {
+        for head in o[..s.layout.v().start].chunks_mut(hs) {
             if let Some(eps) = s.norm_eps {
                 let ms = head.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>() / hs as f64;
                 let r = 1.0 / (ms + f64::from(eps)).sqrt();
@@ -499,30 +500,32 @@ fn naive_qk(qkv: &[f32], s: &rotary::Qk) -> Vec<f32> {
 
 #[test]
 fn rotary_and_qk_norm_match_their_definitions_and_backward_finite_differences() {
-    let (b, t, n_head, n_embd) = (2, 5, 2, 8);
-    let qkv = random(b * t * 3 * n_embd, 60);
-    let r = random(qkv.len(), 61);
-    // Both sequences from 0, or each from its own position (texts decoded together).
-    for (rope, norm_eps, starts) in [
-        (true, None, vec![]),
-        (false, Some(EPS), vec![]),
-        (true, Some(EPS), vec![3, 7]),
+    let (b, t) = (2, 5);
+    // Both sequences from 0, or each from its own position (texts decoded together); keys of
+    // their own per head, or shared.
+    for (rope, norm_eps, starts, layout) in [
+        (true, None, vec![], QkvLayout::new(2, 2, 4)),
+        (false, Some(EPS), vec![], QkvLayout::new(2, 2, 4)),
+        (true, Some(EPS), vec![3, 7], QkvLayout::new(2, 2, 4)),
+        (true, Some(EPS), vec![3, 7], QkvLayout::new(4, 2, 4)),
     ] {
+        let w = layout.width();
+        let qkv = random(b * t * w, 60);
+        let r = random(qkv.len(), 61);
         let s = rotary::Qk {
-            n_embd,
-            n_head,
+            layout,
             seq: t,
             starts: starts.clone(),
             rope,
             norm_eps,
         };
-        let what = format!("rope {rope}, norm {norm_eps:?}, starts {starts:?}");
-        let (mut out, mut rstd) = (vec![0.0; qkv.len()], vec![0.0; b * t * 2 * n_head]);
+        let what = format!("rope {rope}, norm {norm_eps:?}, starts {starts:?}, {layout:?}");
+        let (mut out, mut rstd) = (vec![0.0; qkv.len()], vec![0.0; b * t * s.heads()]);
         rotary::forward(&qkv, &s, &mut out, &mut rstd);
         assert!(max_diff(&out, &naive_qk(&qkv, &s)) < 1e-5, "{what}");
         // Values pass unchanged.
-        for (o, x) in out.chunks(3 * n_embd).zip(qkv.chunks(3 * n_embd)) {
-            assert_eq!(o[2 * n_embd..], x[2 * n_embd..], "{what}");
+        for (o, x) in out.chunks(w).zip(qkv.chunks(w)) {
+            assert_eq!(o[layout.v()], x[layout.v()], "{what}");
         }
         let mut dqkv = vec![9.0; qkv.len()];
         rotary::backward(&r, &out, &rstd, &s, &mut dqkv);
@@ -623,37 +626,42 @@ fn naive_orthogonalise(u: &[f32], rows: usize, cols: usize) -> Vec<f64> {
 #[test]
 fn muon_orthogonalisation_matches_its_definition_on_any_thread_count() {
     use cinder_kernels::muon::orthogonalise;
-    // Wide, tall, square, and q/k/v's three matrices side by side; sizes past a row share.
-    for (rows, cols, splits) in [
-        (8, 32, 1),
-        (32, 8, 1),
-        (16, 16, 1),
-        (8, 24, 3),
-        (130, 390, 3),
-    ] {
+    // Wide, tall, square, q/k/v's three matrices side by side, and grouped-query attention's
+    // narrower keys and values; sizes past a row share.
+    let cases: [(usize, &[usize]); 6] = [
+        (8, &[32]),
+        (32, &[8]),
+        (16, &[16]),
+        (8, &[8, 8, 8]),
+        (130, &[130, 130, 130]),
+        (16, &[16, 4, 4]),
+    ];
+    for (rows, widths) in cases {
+        let cols: usize = widths.iter().sum();
         let u = random(rows * cols, rows as u64 * 7 + cols as u64);
-        let got = orthogonalise(&u, rows, cols, splits);
-        let width = cols / splits;
-        for s in 0..splits {
+        let got = orthogonalise(&u, rows, widths);
+        let mut first = 0;
+        for (s, &width) in widths.iter().enumerate() {
             let part: Vec<f32> = (0..rows * width)
-                .map(|e| u[(e / width) * cols + s * width + e % width])
+                .map(|e| u[(e / width) * cols + first + e % width])
                 .collect();
             let expected = naive_orthogonalise(&part, rows, width);
             for (e, want) in expected.iter().enumerate() {
-                let have = got[(e / width) * cols + s * width + e % width];
+                let have = got[(e / width) * cols + first + e % width];
                 let d = (f64::from(have) - want).abs();
                 assert!(
                     d < 2e-4,
-                    "{rows}x{cols} in {splits}: matrix {s}, element {e}: {have} vs {want}"
+                    "{rows}x{cols} as {widths:?}: matrix {s}, element {e}: {have} vs {want}"
                 );
             }
+            first += width;
         }
         let on = |threads| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            pool.install(|| orthogonalise(&u, rows, cols, splits))
+            pool.install(|| orthogonalise(&u, rows, widths))
         };
         assert!(
             on(1) == on(2) && on(1) == on(3),

@@ -1,19 +1,23 @@
 //! Causal multi-head self-attention.
 //!
-//! Each position's embedding is projected to a query, a key and a value (one fused linear layer),
-//! split into `n_head` heads. A position's scores are its query against every key, scaled by
+//! Each position's embedding is projected to queries, keys and values (one fused linear layer,
+//! laid out as [`QkvLayout`] says): `n_head` query heads, and `n_kv_head` key/value heads, each
+//! shared by `n_head / n_kv_head` query heads (grouped-query attention; multi-head when they are
+//! as many). A position's scores are its query against every key, scaled by
 //! `1 / sqrt(head_size)`; positions in the future are masked out, the softmax turns scores into
 //! weights, and the weights mix the values. Heads are concatenated and projected back.
 
-use burn::nn::{Dropout, Linear};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
 use crate::cache::{KvCache, LayerKv};
+use crate::config::{GptConfig, Position};
+use crate::init::{self, INIT_STD};
 #[cfg(feature = "flex")]
 use crate::ops::fused;
 use crate::ops::{self, Pass, Site, fused_or};
-use cinder_kernels::position_rows;
+use cinder_kernels::{QkvLayout, position_rows};
 
 /// What a pass through the blocks keeps besides the residual stream: the one switch between
 /// training and evaluation, cached sampling, and `inspect`'s attention maps.
@@ -45,33 +49,53 @@ impl Keep<'_> {
 /// Masked multi-head self-attention.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    /// `n_embd -> 3 * n_embd`: queries, keys and values of all heads at once.
+    /// `n_embd -> W`: queries, keys and values of all heads at once (`W`: the layout's width).
     pub c_attn: Linear,
-    /// `n_embd -> n_embd`: the output projection (a residual projection).
+    /// `C -> n_embd` (`C`: the queries' width): the output projection (a residual projection).
     pub c_proj: Linear,
     /// Dropout on the attention weights.
     pub attn_dropout: Dropout,
     /// Dropout on the output.
     pub resid_dropout: Dropout,
-    /// Number of heads.
-    pub n_head: usize,
+    /// Where the heads' queries, keys and values sit in `c_attn`'s output.
+    #[module(skip)]
+    pub layout: QkvLayout,
     /// Rotary embeddings turn the queries and keys by their position.
     #[module(skip)]
     pub rope: bool,
     /// Each head's queries and keys are RMS-normalised (before RoPE).
     #[module(skip)]
     pub qk_norm: bool,
+    /// The epsilon of QK-norm (the model's `layer_norm_epsilon`).
+    #[module(skip)]
+    pub eps: f64,
 }
 
 impl CausalSelfAttention {
-    /// The projected attention output, on the composite path, without dropout (QK-norm with
-    /// the default epsilon, [`crate::LAYER_NORM_EPSILON`]).
+    /// The attention of a block of a model of `config`, GPT-2's initialisation (see
+    /// [`crate::init`]).
+    pub fn new(config: &GptConfig, device: &Device) -> Self {
+        let (c, layout) = (config.n_embd, config.qkv_layout());
+        let residual_std = init::residual_std(config);
+        Self {
+            c_attn: init::linear(config, c, layout.width(), INIT_STD, device),
+            c_proj: init::linear(config, layout.q_width(), c, residual_std, device),
+            attn_dropout: DropoutConfig::new(config.dropout).init(),
+            resid_dropout: DropoutConfig::new(config.dropout).init(),
+            layout,
+            rope: config.position == Position::Rope,
+            qk_norm: config.qk_norm,
+            eps: config.layer_norm_epsilon,
+        }
+    }
+
+    /// The projected attention output, on the composite path, without dropout.
     ///
     /// # Shapes
     /// - x: `[B, T, C]` -> `[B, T, C]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let residual = x.zeros_like();
-        let pass = Pass::composite(crate::LAYER_NORM_EPSILON as f32);
+        let pass = Pass::composite(self.eps as f32);
         self.forward_pass(x, residual, pass, 0, &mut Keep::Nothing)
     }
 
@@ -88,9 +112,9 @@ impl CausalSelfAttention {
         layer: usize,
         keep: &mut Keep,
     ) -> Tensor<3> {
-        let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, 3C)
+        let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, W)
         let starts = keep.starts(qkv.dims()[0]);
-        let qkv = ops::rotate_qk(qkv, self.n_head, &starts, self.rope, self.qk_norm, pass);
+        let qkv = ops::rotate_qk(qkv, self.layout, &starts, self.rope, self.qk_norm, pass);
         let last_only = keep.last_only(layer);
         let mut y = self.mix(qkv, pass, layer, keep, last_only);
         if last_only {
@@ -104,7 +128,7 @@ impl CausalSelfAttention {
         ops::project_residual(&self.c_proj, &self.resid_dropout, y, residual, pass, at)
     }
 
-    /// The attention of block `layer` on the `[B, T, 3C]` projection `qkv`: `[B, T, C]`, the
+    /// The attention of block `layer` on the `[B, T, W]` projection `qkv`: `[B, T, C]`, the
     /// heads side by side (`[B, 1, C]` may come back when `last_only`).
     #[cfg_attr(not(feature = "flex"), allow(unused_variables))] // last_only: the fused path's
     fn mix(
@@ -119,15 +143,15 @@ impl CausalSelfAttention {
             Keep::Nothing => fused_or!(pass.fused,
                 fused => {
                     let mask = pass.mask(&self.attn_dropout, layer, Site::AttentionWeights);
-                    fused::attention(qkv, self.n_head, mask)
+                    fused::attention(qkv, self.layout, mask)
                 },
                 composite => self.composite(qkv, None, &[], pass).0,
             ),
             Keep::Cache(cache) => {
                 let starts = cache.starts(qkv.dims()[0]);
-                let kv = cache.take(layer, &qkv);
+                let kv = cache.take(layer, &qkv, self.layout);
                 let (y, kv) = fused_or!(pass.fused,
-                    fused => fused::cached_attention(qkv, kv, &starts, self.n_head, last_only),
+                    fused => fused::cached_attention(qkv, kv, &starts, self.layout, last_only),
                     composite => self.composite_cached(qkv, kv, &starts, pass),
                 );
                 cache.put(layer, kv);
@@ -142,7 +166,7 @@ impl CausalSelfAttention {
     }
 
     /// The composite attention over the keys and values of the tokens seen before (`kv`, the
-    /// cache's `[B, block, C]` buffers, `starts[b]` positions of row `b` filled), which are
+    /// cache's `[B, block, KV]` buffers, `starts[b]` positions of row `b` filled), which are
     /// written in: position `p` at slot `p % block`, a ring, as the fused kernel does
     /// (`cinder_kernels::attention::forward_cached`).
     fn composite_cached(
@@ -152,22 +176,22 @@ impl CausalSelfAttention {
         starts: &[usize],
         pass: Pass,
     ) -> (Tensor<3>, LayerKv) {
-        let [b, t, c3] = qkv.dims();
-        let (c, block) = (c3 / 3, keys.dims()[1]);
+        let [b, t, _] = qkv.dims();
+        let (kv, block) = (self.layout.kv_width(), keys.dims()[1]);
         let slots: Vec<usize> = position_rows(starts).iter().map(|s| s % block).collect();
-        let write = |mut buffer: Tensor<3>, part: usize| {
-            let new = qkv.clone().narrow(2, part * c, c); // (B, T, C)
+        let write = |mut buffer: Tensor<3>, part: std::ops::Range<usize>| {
+            let new = qkv.clone().narrow(2, part.start, kv); // (B, T, KV)
             if slots.iter().all(|&s| s == slots[0]) {
                 let s = slots[0];
-                return buffer.slice_assign([0..b, s..s + t, 0..c], new);
+                return buffer.slice_assign([0..b, s..s + t, 0..kv], new);
             }
             for (r, &s) in slots.iter().enumerate() {
                 let row = new.clone().narrow(0, r, 1);
-                buffer = buffer.slice_assign([r..r + 1, s..s + t, 0..c], row);
+                buffer = buffer.slice_assign([r..r + 1, s..s + t, 0..kv], row);
             }
             buffer
         };
-        let (keys, values) = (write(keys, 1), write(values, 2));
+        let (keys, values) = (write(keys, self.layout.k()), write(values, self.layout.v()));
         // Past block positions a row sees every slot: its last block, in ring order.
         let end = (starts.iter().max().copied().unwrap_or(0) + t).min(block);
         let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, end);
@@ -175,9 +199,9 @@ impl CausalSelfAttention {
         (y, (keys, values))
     }
 
-    /// The composite attention of the `[B, T, 3C]` projection `qkv`: the mix `[B, T, C]` and
+    /// The composite attention of the `[B, T, W]` projection `qkv`: the mix `[B, T, C]` and
     /// the weights `[B, H, T, T_keys]`. Its keys and values are `qkv`'s own, or `kv`,
-    /// `[B, T_keys, C]` each, in which row `b`'s new tokens sit from position `starts[b]`
+    /// `[B, T_keys, KV]` each, in which row `b`'s new tokens sit from position `starts[b]`
     /// (none: each row's end, `T_keys - T`).
     fn composite(
         &self,
@@ -186,17 +210,30 @@ impl CausalSelfAttention {
         starts: &[usize],
         pass: Pass,
     ) -> (Tensor<3>, Tensor<4>) {
-        let [b, t, c3] = qkv.dims();
-        let c = c3 / 3;
-        let h = self.n_head;
-        let hs = c / h;
-        let heads = |x: Tensor<3>| {
+        let [b, t, _] = qkv.dims();
+        let l = self.layout;
+        let (c, hs) = (l.q_width(), l.head_size);
+        // (B, T, n * hs) -> (B, H, T, hs): n heads, each key/value head repeated for the query
+        // heads of its group (Hugging Face's `repeat_kv`).
+        let heads = |x: Tensor<3>, n: usize| {
             let t = x.dims()[1];
-            x.reshape([b, t, h, hs]).swap_dims(1, 2) // (B, H, T, hs)
+            let x = x.reshape([b, t, n, hs]).swap_dims(1, 2); // (B, n, T, hs)
+            let group = l.n_head / n;
+            if group == 1 {
+                return x;
+            }
+            x.reshape([b, n, 1, t, hs])
+                .repeat_dim(2, group)
+                .reshape([b, l.n_head, t, hs])
         };
-        let part = |i: usize| qkv.clone().narrow(2, i * c, c);
-        let (k, v) = kv.unwrap_or_else(|| (part(1), part(2)));
-        let (q, k, v) = (heads(part(0)), heads(k), heads(v));
+        let part = |cols: std::ops::Range<usize>| qkv.clone().narrow(2, cols.start, cols.len());
+        let (k, v) = kv.unwrap_or_else(|| (part(l.k()), part(l.v())));
+        let kv_heads = l.n_kv_head;
+        let (q, k, v) = (
+            heads(part(l.q()), l.n_head),
+            heads(k, kv_heads),
+            heads(v, kv_heads),
+        );
         let t_keys = k.dims()[2];
 
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hs as f64).sqrt()); // (B, H, T, T_keys)

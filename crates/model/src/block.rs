@@ -4,6 +4,8 @@ use burn::nn::LayerNorm;
 use burn::prelude::*;
 
 use crate::attention::{CausalSelfAttention, Keep};
+use crate::config::GptConfig;
+use crate::init;
 use crate::mlp::Mlp;
 use crate::ops::{self, Pass};
 
@@ -19,6 +21,16 @@ pub struct Block {
 }
 
 impl Block {
+    /// A block of a model of `config`, GPT-2's initialisation (see [`crate::init`]).
+    pub fn new(config: &GptConfig, device: &Device) -> Self {
+        Self {
+            ln_1: init::layer_norm(config, device),
+            attn: CausalSelfAttention::new(config, device),
+            ln_2: init::layer_norm(config, device),
+            mlp: Mlp::new(config, device),
+        }
+    }
+
     /// Block `layer` of a pass, keeping what `keep` asks for.
     ///
     /// # Shapes

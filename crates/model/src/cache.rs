@@ -1,9 +1,11 @@
 //! The key/value cache for sampling: each layer's keys and values of the tokens already seen.
 
 use burn::prelude::*;
+use cinder_kernels::QkvLayout;
 
-/// One layer's keys and values, `[B, block_size, C]` each, heads side by side; row `b`'s
-/// positions `..lens[b]` are in slots `p % block_size` (its last `block_size`).
+/// One layer's keys and values, `[B, block_size, KV]` each, the key/value heads side by side
+/// (`cinder_kernels::QkvLayout::kv_width`); row `b`'s positions `..lens[b]` are in slots
+/// `p % block_size` (its last `block_size`).
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 
 /// Keys and values of every layer for the tokens already fed through [`crate::Gpt::forward_cached`],
@@ -68,6 +70,17 @@ impl KvCache {
         self.block_size
     }
 
+    /// Bytes of keys and values the buffers hold (each layer's two `[B, block_size, KV]`).
+    pub fn bytes(&self) -> usize {
+        let floats: usize = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| k.shape().num_elements() + v.shape().num_elements())
+            .sum();
+        floats * std::mem::size_of::<f32>()
+    }
+
     /// Each row's first position in a pass over `rows` rows (none when all are at 0: see
     /// `cinder_kernels::start_of`).
     pub(crate) fn starts(&self, rows: usize) -> Vec<usize> {
@@ -87,11 +100,11 @@ impl KvCache {
         self.lens.iter_mut().for_each(|len| *len += t_new);
     }
 
-    /// The buffers of `layer` for the `[B, T, 3C]` projection `qkv`: the cache's own while
-    /// their shape fits, else new zeros.
-    pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>) -> LayerKv {
-        let [samples, _, c3] = qkv.dims();
-        let shape = [samples, self.block_size, c3 / 3];
+    /// The buffers of `layer` for the `[B, T, W]` projection `qkv` laid out as `layout` says:
+    /// the cache's own while their shape fits, else new zeros.
+    pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
+        let samples = qkv.dims()[0];
+        let shape = [samples, self.block_size, layout.kv_width()];
         match self.layers[layer].take() {
             Some((k, v)) if k.dims() == shape => (k, v),
             _ => {

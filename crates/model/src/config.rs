@@ -1,22 +1,11 @@
 //! The architecture of a GPT, and the checks that make an invalid one impossible to build.
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::{
-    DropoutConfig, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
-};
 use burn::prelude::*;
-
-use crate::attention::CausalSelfAttention;
-use crate::block::Block;
-use crate::gpt::Gpt;
-use crate::mlp::Mlp;
+use cinder_kernels::QkvLayout;
 
 /// The LayerNorms' epsilon unless a config says otherwise: GPT-2's, Hugging Face's default for
 /// GPT-2 folders, and Burn's.
 pub const LAYER_NORM_EPSILON: f64 = 1e-5;
-
-/// GPT-2 initialisation: weights are drawn from normal(0, 0.02).
-const INIT_STD: f64 = 0.02;
 
 /// A configuration field whose value is outside its allowed range.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -30,56 +19,66 @@ pub struct ConfigError {
     pub allowed: String,
 }
 
-/// The architecture of a [`Gpt`].
-#[derive(Config, Debug, PartialEq)]
-pub struct GptConfig {
-    /// Number of distinct tokens the model reads and predicts.
-    pub vocab_size: usize,
-    /// Longest context the model sees (number of learned positions).
-    pub block_size: usize,
-    /// Number of transformer blocks.
-    #[config(default = 4)]
-    pub n_layer: usize,
-    /// Number of attention heads per block; must divide `n_embd`.
-    #[config(default = 4)]
-    pub n_head: usize,
-    /// Width of the residual stream (embedding size).
-    #[config(default = 128)]
-    pub n_embd: usize,
-    /// Dropout probability during training, in [0, 1).
-    #[config(default = 0.0)]
-    pub dropout: f64,
-    /// Whether linear layers and LayerNorms have a bias.
-    #[config(default = true)]
-    pub bias: bool,
-    /// The MLP's activation.
-    #[config(default = "Activation::Gelu")]
-    pub activation: Activation,
-    /// The epsilon of every LayerNorm (or RMSNorm, QK-norm included).
-    #[config(default = "LAYER_NORM_EPSILON")]
-    pub layer_norm_epsilon: f64,
-    /// Learned positions or rotary embeddings.
-    #[config(default = "Position::Learned")]
-    pub position: Position,
-    /// LayerNorm or RMSNorm.
-    #[config(default = "Norm::Layernorm")]
-    pub norm: Norm,
-    /// RMS-normalise each head's queries and keys (before RoPE).
-    #[config(default = false)]
-    pub qk_norm: bool,
-    /// `c · tanh(logits / c)` before the loss and sampling, with `c` this; 0 is off.
-    #[config(default = 0.0)]
-    pub logit_softcap: f64,
-    /// The head is the token embedding (GPT-2's), or a matrix of its own (`lm_head`).
-    #[config(default = true)]
-    pub tie_embeddings: bool,
-    /// The residual output projections (and an untied head) start at zero, not random.
-    #[config(default = false)]
-    pub zero_init: bool,
+/// Calls the macro `$then` with every field of the model's configuration but `vocab_size`, in
+/// the order config files list them: `name: type = default, "help";`, the default in Burn's
+/// `#[config(default = ..)]` form, and none for `block_size` (a model has no default context).
+/// The one declaration of the model's options: [`GptConfig`] is made from it here, and `cinder`'s
+/// run configuration, its flags and their `--help` from it there. A new option is a line here.
+///
+/// The arguments given are passed on first, then `model { fields }`.
+#[macro_export]
+macro_rules! model_fields {
+    ($then:ident! { $($args:tt)* }) => {
+        $then! {
+            $($args)*
+            model {
+                n_layer: usize = 4, "Transformer blocks";
+                n_head: usize = 4, "Attention heads per block; must divide n_embd";
+                n_kv_head: usize = 0,
+                    "Key/value heads per block, each shared by n_head / n_kv_head query heads (grouped-query attention); must divide n_head; 0: n_head (multi-head attention)";
+                n_embd: usize = 128, "Width of the residual stream (embedding size)";
+                block_size: usize, "Context length in tokens";
+                dropout: f64 = 0.0, "Dropout probability while training, in [0, 1)";
+                bias: bool = true, "Biases in linear layers and LayerNorms";
+                activation: Activation = "Activation::Gelu",
+                    "The MLP's activation: gelu, gelu_tanh (GPT-2's weights') or relu2 (max(0, x)²)";
+                layer_norm_epsilon: f64 = "LAYER_NORM_EPSILON",
+                    "The epsilon of every LayerNorm or RMSNorm (QK-norm's too)";
+                position: Position = "Position::Learned",
+                    "Positions: learned (an embedding per position) or rope (rotary embeddings on queries and keys)";
+                norm: Norm = "Norm::Layernorm", "layernorm, or rmsnorm (no gain; also after the embedding)";
+                qk_norm: bool = false, "RMS-normalise each head's queries and keys (before RoPE)";
+                logit_softcap: f64 = 0.0, "Soft-cap the logits at this (c·tanh(logits/c)); 0 disables";
+                tie_embeddings: bool = true, "The head is the token embedding (false: a matrix of its own)";
+                zero_init: bool = false, "Residual output projections and an untied head start at zero";
+            }
+        }
+    };
 }
+
+/// [`GptConfig`] from the fields of [`model_fields!`].
+macro_rules! gpt_config {
+    (model { $($field:ident: $ty:ty $(= $default:tt)?, $help:literal;)* }) => {
+        /// The architecture of a [`crate::Gpt`] (see [`model_fields!`]).
+        #[derive(Config, Debug, PartialEq)]
+        pub struct GptConfig {
+            /// Number of distinct tokens the model reads and predicts.
+            pub vocab_size: usize,
+            $(
+                #[doc = $help]
+                $(#[config(default = $default)])?
+                pub $field: $ty,
+            )*
+        }
+    };
+}
+
+model_fields!(gpt_config! {});
 
 /// An enum of a config field whose values are names (`activation = "gelu_tanh"`): serde and
 /// `Display`/`FromStr` use the same names, listed in `ALL` (as `--help` and errors list them).
+/// Every such enum of cinder's configuration is declared with it (`cinder_model::named!`).
+#[macro_export]
 macro_rules! named {
     (
         $(#[$meta:meta])*
@@ -132,7 +131,7 @@ named! {
         Gelu = "gelu",
         /// GPT-2's tanh approximation (Hugging Face's `gelu_new`, the released GPT-2 weights').
         GeluTanh = "gelu_tanh",
-        /// `max(0, x)²` (the nanoGPT speedrun's; no GPT-2 folder can express it).
+        /// `max(0, x)²` (the nanoGPT speedrun's; NanoChat's, not GPT-2's).
         Relu2 = "relu2",
     }
 }
@@ -188,6 +187,13 @@ impl GptConfig {
                 allowed: format!("a multiple of n_head ({})", self.n_head),
             });
         }
+        if !self.n_head.is_multiple_of(self.kv_heads()) {
+            return Err(ConfigError {
+                field: "n_kv_head",
+                value: self.n_kv_head.to_string(),
+                allowed: format!("0 or a divisor of n_head ({})", self.n_head),
+            });
+        }
         if !(self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon < 1.0) {
             return Err(ConfigError {
                 field: "layer_norm_epsilon",
@@ -227,106 +233,19 @@ impl GptConfig {
         self.n_embd / self.n_head
     }
 
-    /// Builds the model with GPT-2 initialisation: weights normal(0, 0.02), biases zero, and the
-    /// two residual output projections of each block normal(0, 0.02 / sqrt(2 * n_layer)), or
-    /// zero with `zero_init` (as an untied head then is).
-    ///
-    /// Random draws come from the device's generator: seed it first for a reproducible model.
-    pub fn init(&self, device: &Device) -> Result<Gpt, ConfigError> {
-        self.validate()?;
-        let residual_std = if self.zero_init {
-            0.0
+    /// Key/value heads per block (`n_kv_head`, or `n_head` when it is 0).
+    pub fn kv_heads(&self) -> usize {
+        if self.n_kv_head == 0 {
+            self.n_head
         } else {
-            INIT_STD / ((2 * self.n_layer) as f64).sqrt()
-        };
-        let embedding = |n: usize| {
-            EmbeddingConfig::new(n, self.n_embd)
-                .with_initializer(normal(INIT_STD))
-                .init(device)
-        };
-        let blocks = (0..self.n_layer)
-            .map(|_| Block {
-                ln_1: self.layer_norm(device),
-                attn: CausalSelfAttention {
-                    c_attn: self.linear(self.n_embd, 3 * self.n_embd, INIT_STD, device),
-                    c_proj: self.linear(self.n_embd, self.n_embd, residual_std, device),
-                    attn_dropout: DropoutConfig::new(self.dropout).init(),
-                    resid_dropout: DropoutConfig::new(self.dropout).init(),
-                    n_head: self.n_head,
-                    rope: self.position == Position::Rope,
-                    qk_norm: self.qk_norm,
-                },
-                ln_2: self.layer_norm(device),
-                mlp: Mlp {
-                    c_fc: self.linear(self.n_embd, 4 * self.n_embd, INIT_STD, device),
-                    activation: self.activation,
-                    c_proj: self.linear(4 * self.n_embd, self.n_embd, residual_std, device),
-                    dropout: DropoutConfig::new(self.dropout).init(),
-                },
-            })
-            .collect();
-        let model = Gpt {
-            wte: embedding(self.vocab_size),
-            wpe: (self.position == Position::Learned).then(|| embedding(self.block_size)),
-            drop: DropoutConfig::new(self.dropout).init(),
-            blocks,
-            ln_f: self.layer_norm(device),
-            lm_head: (!self.tie_embeddings).then(|| {
-                let std = if self.zero_init { 0.0 } else { INIT_STD };
-                normal(std).init([self.vocab_size, self.n_embd], device)
-            }),
-            config: self.clone(),
-            ops: Default::default(),
-        };
-        Ok(drawn(model))
-    }
-
-    fn linear(&self, d_in: usize, d_out: usize, std: f64, device: &Device) -> Linear {
-        let init = if std == 0.0 {
-            Initializer::Zeros
-        } else {
-            normal(std)
-        };
-        let mut linear = LinearConfig::new(d_in, d_out)
-            .with_bias(self.bias)
-            .with_initializer(init)
-            .init(device);
-        if self.bias {
-            linear.bias = Some(Initializer::Zeros.init([d_out], device));
-        }
-        linear
-    }
-
-    /// A LayerNorm, or nothing for an RMSNorm (it has no weights).
-    fn layer_norm(&self, device: &Device) -> Option<LayerNorm> {
-        (self.norm == Norm::Layernorm).then(|| {
-            LayerNormConfig::new(self.n_embd)
-                .with_epsilon(self.layer_norm_epsilon)
-                .with_bias(self.bias)
-                .init(device)
-        })
-    }
-}
-
-/// `model` with every weight drawn now, in the model's order. Burn draws a weight lazily, from
-/// the device's generator as it is when the weight is first read: without this, the values would
-/// depend on what ran in between (a training step reseeds the generator), and on the order in
-/// which a pass first reads the weights (which differs between the fused and composite layers).
-/// The order is the one in which a forward pass reads them, so the values are those of models
-/// initialised before.
-fn drawn(model: Gpt) -> Gpt {
-    struct Draw;
-    impl ModuleVisitor for Draw {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            let _ = p.val();
+            self.n_kv_head
         }
     }
-    model.visit(&mut Draw);
-    model
-}
 
-fn normal(std: f64) -> Initializer {
-    Initializer::Normal { mean: 0.0, std }
+    /// Where attention's queries, keys and values sit in its fused projection.
+    pub fn qkv_layout(&self) -> QkvLayout {
+        QkvLayout::new(self.n_head, self.kv_heads(), self.head_size())
+    }
 }
 
 #[cfg(test)]
@@ -372,6 +291,7 @@ mod tests {
             (valid().with_dropout(-0.1), "dropout"),
             (valid().with_layer_norm_epsilon(0.0), "layer_norm_epsilon"),
             (valid().with_logit_softcap(-1.0), "logit_softcap"),
+            (valid().with_n_kv_head(3), "n_kv_head"),
             (
                 valid()
                     .with_n_embd(12)

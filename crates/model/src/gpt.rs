@@ -1,17 +1,18 @@
 //! The whole model: embeddings, blocks, final norm, and the head (tied to the token embedding,
 //! or a matrix of its own).
 
-use burn::module::Param;
-use burn::nn::{Dropout, Embedding, LayerNorm};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm};
 use burn::prelude::*;
 
 use crate::attention::Keep;
 use crate::block::Block;
 use crate::cache::KvCache;
-use crate::config::{GptConfig, Norm, Position};
+use crate::config::{ConfigError, GptConfig, Norm, Position};
+use crate::init::{self, INIT_STD};
 use crate::ops::{self, DropoutKey, Ops, Pass};
 
-/// A decoder-only transformer. Build it with [`crate::GptConfig::init`].
+/// A decoder-only transformer. Build it with [`GptConfig::init`].
 #[derive(Module, Debug)]
 pub struct Gpt {
     /// Token embedding `[vocab_size, n_embd]`; also the output head when tied.
@@ -35,7 +36,39 @@ pub struct Gpt {
     pub ops: Ops,
 }
 
+impl GptConfig {
+    /// Builds the model ([`Gpt::new`]) once the configuration is valid.
+    pub fn init(&self, device: &Device) -> Result<Gpt, ConfigError> {
+        self.validate()?;
+        Ok(Gpt::new(self, device))
+    }
+}
+
 impl Gpt {
+    /// The model of a valid `config` with GPT-2's initialisation (see [`crate::init`]); an
+    /// untied head starts normal(0, 0.02), or zero with `zero_init`.
+    ///
+    /// Random draws come from the device's generator: seed it first for a reproducible model.
+    pub fn new(config: &GptConfig, device: &Device) -> Self {
+        let model = Gpt {
+            wte: init::embedding(config, config.vocab_size, device),
+            wpe: (config.position == Position::Learned)
+                .then(|| init::embedding(config, config.block_size, device)),
+            drop: DropoutConfig::new(config.dropout).init(),
+            blocks: (0..config.n_layer)
+                .map(|_| Block::new(config, device))
+                .collect(),
+            ln_f: init::layer_norm(config, device),
+            lm_head: (!config.tie_embeddings).then(|| {
+                let std = if config.zero_init { 0.0 } else { INIT_STD };
+                init::normal(std).init([config.vocab_size, config.n_embd], device)
+            }),
+            config: config.clone(),
+            ops: Default::default(),
+        };
+        drawn(model)
+    }
+
     /// Logits for the next token at every position, without dropout.
     ///
     /// # Shapes
@@ -204,6 +237,23 @@ impl Gpt {
         let x = ops::norm(self.ln_f.as_ref(), x, pass);
         ops::head(self.head_weight(), self.softcap(), x, pass)
     }
+}
+
+/// `model` with every weight drawn now, in the model's order. Burn draws a weight lazily, from
+/// the device's generator as it is when the weight is first read: without this, the values would
+/// depend on what ran in between (a training step reseeds the generator), and on the order in
+/// which a pass first reads the weights (which differs between the fused and composite layers).
+/// The order is the one in which a forward pass reads them, so the values are those of models
+/// initialised before.
+fn drawn(model: Gpt) -> Gpt {
+    struct Draw;
+    impl ModuleVisitor for Draw {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let _ = p.val();
+        }
+    }
+    model.visit(&mut Draw);
+    model
 }
 
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then

@@ -13,12 +13,15 @@ mod block;
 mod cache;
 mod config;
 mod gpt;
+mod init;
 mod mlp;
 pub mod ops;
 
 pub use attention::CausalSelfAttention;
 pub use block::Block;
 pub use cache::KvCache;
+pub use cinder_kernels::QkvLayout;
+pub use cinder_kernels::rotary::ROPE_BASE;
 pub use config::{Activation, ConfigError, GptConfig, LAYER_NORM_EPSILON, Norm, Position};
 pub use gpt::{Gpt, sampling};
 pub use mlp::Mlp;

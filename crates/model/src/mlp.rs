@@ -1,9 +1,11 @@
 //! The feed-forward half of a block: linear to 4 x n_embd, the activation, linear back, dropout.
 
-use burn::nn::{Dropout, Linear};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 
 use crate::Activation;
+use crate::config::GptConfig;
+use crate::init::{self, INIT_STD};
 use crate::ops::{self, Pass, Site};
 
 /// The block's multilayer perceptron.
@@ -21,6 +23,17 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The MLP of a block of a model of `config`, GPT-2's initialisation (see [`crate::init`]).
+    pub fn new(config: &GptConfig, device: &Device) -> Self {
+        let (c, hidden) = (config.n_embd, 4 * config.n_embd);
+        Self {
+            c_fc: init::linear(config, c, hidden, INIT_STD, device),
+            activation: config.activation,
+            c_proj: init::linear(config, hidden, c, init::residual_std(config), device),
+            dropout: DropoutConfig::new(config.dropout).init(),
+        }
+    }
+
     /// `residual + mlp(x)`, block `layer` of a pass.
     ///
     /// # Shapes

@@ -7,6 +7,7 @@
 use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::{gelu as composite_gelu, gelu_approximate, log_softmax};
+use cinder_kernels::QkvLayout;
 use cinder_kernels::dropout::{Mask, site_seed};
 use cinder_kernels::position_rows;
 use cinder_kernels::rotary::{self, Qk};
@@ -215,15 +216,16 @@ fn composite_rms_norm<const D: usize>(x: Tensor<D>, eps: f32) -> Tensor<D> {
     x / (ms + eps as f64).sqrt()
 }
 
-/// The queries and keys of attention's `[B, T, 3C]` projection, for the tokens of each row from
-/// its position `starts[b]` (as in [`embed`]): each head's RMS-normalised when `qk_norm`, then
-/// turned by its position when `rope` (see `cinder_kernels::rotary`). Values are unchanged.
+/// The queries and keys of attention's `[B, T, W]` projection (laid out as `layout` says), for
+/// the tokens of each row from its position `starts[b]` (as in [`embed`]): each head's
+/// RMS-normalised when `qk_norm`, then turned by its position when `rope` (see
+/// `cinder_kernels::rotary`). Values are unchanged.
 ///
 /// # Shapes
-/// - qkv: `[B, T, 3C]`, starts: `[B]` or `[0]` -> `[B, T, 3C]`
+/// - qkv: `[B, T, W]`, starts: `[B]` or `[0]` -> `[B, T, W]`
 pub(crate) fn rotate_qk(
     qkv: Tensor<3>,
-    n_head: usize,
+    layout: QkvLayout,
     starts: &[usize],
     rope: bool,
     qk_norm: bool,
@@ -232,23 +234,18 @@ pub(crate) fn rotate_qk(
     if !rope && !qk_norm {
         return qkv;
     }
-    let qk = |seq: usize, c: usize| Qk {
-        n_embd: c,
-        n_head,
-        seq,
+    let [b, t, _] = qkv.dims();
+    let s = Qk {
+        layout,
+        seq: t,
         starts: starts.to_vec(),
         rope,
         norm_eps: qk_norm.then_some(pass.eps),
     };
     fused_or!(pass.fused,
-        fused => {
-            let [_, t, c3] = qkv.dims();
-            fused::rotate_qk(qkv, qk(t, c3 / 3))
-        },
+        fused => fused::rotate_qk(qkv, s),
         composite => {
-            let [b, t, c3] = qkv.dims();
-            let s = qk(t, c3 / 3);
-            let (c, hs) = (s.n_embd, s.n_embd / n_head);
+            let hs = layout.head_size;
             let half = hs / 2;
             let device = qkv.device();
             let firsts = position_rows(starts);
@@ -262,8 +259,10 @@ pub(crate) fn rotate_qk(
                 Tensor::<4>::from_data(TensorData::new(v, [firsts.len(), t, 1, half]), &device)
             };
             let (cos, sin) = (table(cos), table(sin));
-            let turn = |part: usize| {
-                let mut x = qkv.clone().narrow(2, part * c, c).reshape([b, t, n_head, hs]);
+            // The `heads` heads of the columns `cols`, normalised and turned.
+            let turn = |cols: std::ops::Range<usize>, heads: usize| {
+                let width = cols.len();
+                let mut x = qkv.clone().narrow(2, cols.start, width).reshape([b, t, heads, hs]);
                 if let Some(eps) = s.norm_eps {
                     x = composite_rms_norm(x, eps);
                 }
@@ -273,9 +272,11 @@ pub(crate) fn rotate_qk(
                     let y2 = x1 * sin.clone() + x2 * cos.clone();
                     x = Tensor::cat(vec![y1, y2], 3);
                 }
-                x.reshape([b, t, c])
+                x.reshape([b, t, width])
             };
-            Tensor::cat(vec![turn(0), turn(1), qkv.clone().narrow(2, 2 * c, c)], 2)
+            let values = qkv.clone().narrow(2, layout.v().start, layout.kv_width());
+            let q = turn(layout.q(), layout.n_head);
+            Tensor::cat(vec![q, turn(layout.k(), layout.n_kv_head), values], 2)
         },
     )
 }

@@ -21,8 +21,9 @@ use cinder_kernels::muon::{COEFFICIENTS, EPSILON, STEPS};
 use super::fused;
 use super::{fused_or, has_fused};
 
-/// Muon's update of one weight matrix `[in, out]` (Burn's layout), seen as `splits` matrices
-/// side by side along `out` (3 for attention's `[C, 3C]` q/k/v weight, else 1).
+/// Muon's update of one weight matrix `[in, out]` (Burn's layout), seen as matrices of `widths`
+/// columns side by side along `out` (attention's q/k/v weight: its queries, keys and values,
+/// [`cinder_kernels::QkvLayout::widths`]; none, else: one matrix).
 #[derive(Clone)]
 pub struct TensorMuon {
     /// β of the momentum buffer.
@@ -32,8 +33,8 @@ pub struct TensorMuon {
     /// This group's learning rate over the one the step is given (the run's base rate): the
     /// schedule applies to both alike.
     pub lr_scale: f64,
-    /// Matrices side by side along the columns.
-    pub splits: usize,
+    /// The widths of the matrices side by side along the columns (none: one matrix).
+    pub widths: Vec<usize>,
     /// The factor the gradients of the current step are multiplied by, as f32 bits (global
     /// clipping, shared with the run's other parameter groups).
     pub grad_scale: Arc<AtomicU32>,
@@ -62,7 +63,7 @@ impl Optimizer for TensorMuon {
     type State<const D: usize> = MuonState<D>;
 
     /// # Shapes
-    /// - tensor, grad: `[in, out]`, `out` a multiple of `splits`
+    /// - tensor, grad: `[in, out]`, `out` the sum of `widths`
     fn step<const D: usize>(
         &self,
         lr: LearningRate,
@@ -82,7 +83,7 @@ impl Optimizer for TensorMuon {
         let u = grad.clone() + (momentum.clone() - grad) * beta;
         let lr = lr * self.lr_scale;
         let shape = tensor.shape();
-        let update = orthogonalised(u.reshape([shape[0], shape[1]]), self.splits).reshape(shape);
+        let update = orthogonalised(u.reshape([shape[0], shape[1]]), &self.widths).reshape(shape);
         let decayed = if self.weight_decay > 0.0 {
             tensor * (1.0 - lr * self.weight_decay as f64)
         } else {
@@ -98,26 +99,38 @@ impl Optimizer for TensorMuon {
     }
 }
 
-/// Each of the `splits` matrices of `u` replaced by its nearest semi-orthogonal matrix (as
-/// Newton-Schulz approximates it) times `sqrt(max(1, fan_out / fan_in))`: one fused pass on
-/// Flex (`cinder_kernels::muon`), Burn's tensor operations elsewhere.
+/// Each matrix of `u` (of `widths` columns side by side; none: one) replaced by its nearest
+/// semi-orthogonal matrix (as Newton-Schulz approximates it) times
+/// `sqrt(max(1, fan_out / fan_in))`: one fused pass on Flex (`cinder_kernels::muon`), Burn's
+/// tensor operations elsewhere.
 ///
 /// # Shapes
 /// - u: `[in, out]`; output: the same
-pub fn orthogonalised(u: Tensor<2>, splits: usize) -> Tensor<2> {
+pub fn orthogonalised(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
     fused_or!(has_fused(&u.device()),
-        fused => fused::orthogonalise(u, splits),
-        composite => composite_orthogonalised(u, splits),
+        fused => fused::orthogonalise(u, widths),
+        composite => composite_orthogonalised(u, widths),
     )
 }
 
 /// [`orthogonalised`] in Burn's tensor operations: the reference, and every other backend's.
-pub fn composite_orthogonalised(u: Tensor<2>, splits: usize) -> Tensor<2> {
+pub fn composite_orthogonalised(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
     let [fan_in, out] = u.dims();
-    let fan_out = out / splits;
-    let scale = (fan_out as f64 / fan_in as f64).max(1.0).sqrt();
-    let parts = (0..splits)
-        .map(|i| newton_schulz(u.clone().narrow(1, i * fan_out, fan_out)) * scale)
+    let whole = [out];
+    let widths = if widths.is_empty() {
+        &whole[..]
+    } else {
+        widths
+    };
+    let mut first = 0;
+    let parts = widths
+        .iter()
+        .map(|&fan_out| {
+            let scale = (fan_out as f64 / fan_in as f64).max(1.0).sqrt();
+            let part = newton_schulz(u.clone().narrow(1, first, fan_out)) * scale;
+            first += fan_out;
+            part
+        })
         .collect();
     Tensor::cat(parts, 1)
 }
@@ -144,6 +157,7 @@ pub fn newton_schulz(g: Tensor<2>) -> Tensor<2> {
 
 #[cfg(all(test, feature = "flex"))]
 mod tests {
+    use cinder_testing::max_diff;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -210,20 +224,21 @@ mod tests {
         if tall { x.t() } else { x }
     }
 
-    /// torch_recipe.py's update of an `[out, in]` matrix: q/k/v stacked along `out` as three
-    /// matrices, each scaled by `sqrt(max(1, rows / cols))`.
-    fn reference_update(g: &M) -> M {
-        let splits = if g.rows == 3 * g.cols { 3 } else { 1 };
-        let rows = g.rows / splits;
-        let mut v = Vec::new();
-        for i in 0..splits {
+    /// torch_recipe.py's update of an `[out, in]` matrix: q/k/v stacked along `out` as
+    /// matrices of `parts` rows (none: one), each scaled by `sqrt(max(1, rows / cols))`.
+    fn reference_update(g: &M, parts: &[usize]) -> M {
+        let whole = [g.rows];
+        let parts = if parts.is_empty() { &whole[..] } else { parts };
+        let (mut v, mut first) = (Vec::new(), 0);
+        for &rows in parts {
             let part = M {
                 rows,
                 cols: g.cols,
-                v: g.v[i * rows * g.cols..(i + 1) * rows * g.cols].to_vec(),
+                v: g.v[first * g.cols..(first + rows) * g.cols].to_vec(),
             };
             let scale = (rows as f64 / g.cols as f64).max(1.0).sqrt();
             v.extend(ns5(&part).v.iter().map(|x| x * scale));
+            first += rows;
         }
         M { v, ..*g }
     }
@@ -246,30 +261,25 @@ mod tests {
         v.into_iter().map(f64::from).collect()
     }
 
-    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f64::max)
-    }
-
     #[test]
     fn the_update_follows_the_pytorch_recipe_in_burns_layout() {
-        // Burn's [in, out] weights: attention's q/k/v [C, 3C], the MLP's up- [C, 4C] and
-        // down-projection [4C, C], a square one; PyTorch's are their transposes.
+        // Burn's [in, out] weights: attention's q/k/v [C, 3C] (and with half as many key/value
+        // heads [C, 2C]), the MLP's up- [C, 4C] and down-projection [4C, C], a square one;
+        // PyTorch's are their transposes.
         let c = 8;
-        for (shape, splits, seed) in [
-            ((c, 3 * c), 3, 1),
-            ((c, 4 * c), 1, 2),
-            ((4 * c, c), 1, 3),
-            ((c, c), 1, 4),
-        ] {
+        let cases: [((usize, usize), &[usize], u64); 5] = [
+            ((c, 3 * c), &[c, c, c], 1),
+            ((c, 2 * c), &[c, c / 2, c / 2], 6),
+            ((c, 4 * c), &[], 2),
+            ((4 * c, c), &[], 3),
+            ((c, c), &[], 4),
+        ];
+        for (shape, widths, seed) in cases {
             let burn = random(shape.0, shape.1, seed);
-            let expected = reference_update(&burn.t()).t();
+            let expected = reference_update(&burn.t(), widths).t();
             for (path, got) in [
-                ("fused", orthogonalised(tensor(&burn), splits)),
-                ("composite", composite_orthogonalised(tensor(&burn), splits)),
+                ("fused", orthogonalised(tensor(&burn), widths)),
+                ("composite", composite_orthogonalised(tensor(&burn), widths)),
             ] {
                 let d = max_diff(&values(got), &expected.v);
                 assert!(
@@ -280,8 +290,8 @@ mod tests {
         }
         // The up-projection's update is twice the down-projection's in scale (2 = sqrt(4C / C)).
         let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
-        let up = values(orthogonalised(tensor(&random(c, 4 * c, 5)), 1));
-        let down = values(orthogonalised(tensor(&random(4 * c, c, 5)), 1));
+        let up = values(orthogonalised(tensor(&random(c, 4 * c, 5)), &[]));
+        let down = values(orthogonalised(tensor(&random(4 * c, c, 5)), &[]));
         let ratio = rms(&up) / rms(&down);
         assert!((ratio - 2.0).abs() < 0.2, "up / down: {ratio}");
     }
@@ -293,7 +303,7 @@ mod tests {
             momentum: beta as f32,
             weight_decay: wd as f32,
             lr_scale,
-            splits: 3,
+            widths: vec![4, 4, 4],
             grad_scale: Arc::new(AtomicU32::new(0.5f32.to_bits())),
         };
         let (c, out) = (4, 12);
@@ -316,7 +326,7 @@ mod tests {
             let g = g.lin(f64::from(clip), &g, 0.0);
             buf = buf.lin(beta, &g, 1.0 - beta);
             let u = g.lin(1.0 - beta, &buf, beta);
-            let update = reference_update(&u.t()).t();
+            let update = reference_update(&u.t(), &[4, 4, 4]).t();
             let eff = lr * lr_scale;
             p = p.lin(1.0 - eff * wd, &update, -eff);
             let d = max_diff(&values(tensor_p.clone()), &p.v);

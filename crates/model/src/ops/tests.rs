@@ -5,7 +5,9 @@
 use burn::module::Param;
 use burn::nn::{DropoutConfig, EmbeddingConfig, LayerNormConfig, LinearConfig};
 use burn::prelude::*;
+use cinder_kernels::QkvLayout;
 use cinder_kernels::dropout::Mask;
+use cinder_testing::max_diff;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -47,14 +49,6 @@ fn values<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
         .convert::<f32>()
         .try_to_vec::<f32>()
         .unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The output of `f` and the gradients of `sum(output * weights)` for `inputs`, with a fixed
@@ -240,40 +234,56 @@ fn linear_activation_matches_burn() {
     }
 }
 
-/// The composite attention of `qkv` `[B, T, 3C]` with the weights multiplied by `mask`'s
-/// factors (all 1 without a mask): the definition the fused kernel must follow.
-fn composite_attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
-    let [b, t, c3] = qkv.dims();
-    let (c, device) = (c3 / 3, qkv.device());
-    let hs = c / n_head;
-    let heads = |i: usize| {
-        qkv.clone()
-            .narrow(2, i * c, c)
-            .reshape([b, t, n_head, hs])
-            .swap_dims(1, 2)
+/// The composite attention of `qkv` `[B, T, W]` (laid out as `layout` says) with the weights
+/// multiplied by `mask`'s factors (all 1 without a mask): the definition the fused kernel must
+/// follow. Query head `h` reads key/value head `h / group`, picked by index.
+fn composite_attention(qkv: Tensor<3>, layout: QkvLayout, mask: Option<Mask>) -> Tensor<3> {
+    let [b, t, _] = qkv.dims();
+    let (h, hs, device) = (layout.n_head, layout.head_size, qkv.device());
+    let heads = |cols: std::ops::Range<usize>, n: usize| {
+        let x = qkv
+            .clone()
+            .narrow(2, cols.start, cols.len())
+            .reshape([b, t, n, hs]);
+        let pick: Vec<i64> = (0..h).map(|q| (q * n / h) as i64).collect();
+        let pick = Tensor::<1, Int>::from_data(TensorData::new(pick, [h]), &device);
+        x.select(2, pick).swap_dims(1, 2) // (B, H, T, hs)
     };
-    let scores = heads(0).matmul(heads(1).swap_dims(2, 3)) / (hs as f64).sqrt();
+    let (q, k, v) = (
+        heads(layout.q(), h),
+        heads(layout.k(), layout.n_kv_head),
+        heads(layout.v(), layout.n_kv_head),
+    );
+    let scores = q.matmul(k.swap_dims(2, 3)) / (hs as f64).sqrt();
     let future = Tensor::<2, Bool>::tril_mask([t, t], 0, &device).reshape([1, 1, t, t]);
     let mut w = burn::tensor::activation::softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
     if let Some(m) = mask {
-        let factors: Vec<f32> = (0..(b * n_head * t * t) as u64)
-            .map(|i| m.factor(i))
-            .collect();
-        w = w * Tensor::<4>::from_data(TensorData::new(factors, [b, n_head, t, t]), &device);
+        let factors: Vec<f32> = (0..(b * h * t * t) as u64).map(|i| m.factor(i)).collect();
+        w = w * Tensor::<4>::from_data(TensorData::new(factors, [b, h, t, t]), &device);
     }
-    w.matmul(heads(2)).swap_dims(1, 2).reshape([b, t, c])
+    w.matmul(v)
+        .swap_dims(1, 2)
+        .reshape([b, t, layout.q_width()])
 }
 
 #[test]
 fn attention_matches_its_composite_version_with_and_without_dropout() {
-    // A sequence shorter than a row block, one of exactly one block, and one of several.
-    for (b, t, h, c) in [(2, 5, 2, 8), (1, 64, 4, 32), (2, 150, 3, 24)] {
-        let qkv = random([b, t, 3 * c], 11);
+    // A sequence shorter than a row block, one of exactly one block, and one of several;
+    // multi-head, grouped-query and multi-query attention.
+    let cases = [
+        (2, 5, QkvLayout::new(2, 2, 4)),
+        (1, 64, QkvLayout::new(4, 4, 8)),
+        (2, 150, QkvLayout::new(3, 3, 8)),
+        (2, 70, QkvLayout::new(4, 2, 8)),
+        (1, 9, QkvLayout::new(6, 1, 4)),
+    ];
+    for (b, t, layout) in cases {
+        let qkv = random([b, t, layout.width()], 11);
         for mask in [None, Some(Mask { p: 0.3, seed: 42 })] {
-            let fused = run([qkv.clone()], |[q]| fused::attention(q, h, mask));
-            let composite = run([qkv.clone()], |[q]| composite_attention(q, h, mask));
+            let fused = run([qkv.clone()], |[q]| fused::attention(q, layout, mask));
+            let composite = run([qkv.clone()], |[q]| composite_attention(q, layout, mask));
             assert_close(
-                &format!("attention {b}x{t}x{c}, {h} heads, {mask:?}"),
+                &format!("attention {b}x{t}, {layout:?}, {mask:?}"),
                 fused,
                 composite,
                 1e-4,
@@ -322,27 +332,30 @@ fn rms_norm_matches_its_composite_version() {
 
 #[test]
 fn qk_norm_and_rope_match_their_composite_version() {
-    // (batch, seq, heads, width), rope, qk_norm, each row's first position
-    let cases: [(_, _, _, &[usize]); 5] = [
-        ((2, 5, 2, 16), true, false, &[]),
-        ((2, 5, 2, 16), false, true, &[]),
-        ((3, 7, 4, 32), true, true, &[]),
-        ((1, 3, 2, 8), true, true, &[5]), // positions after a cache's
-        ((3, 1, 2, 8), true, true, &[4, 0, 9]), // rows decoded together, each at its own
+    // (batch, seq, layout), rope, qk_norm, each row's first position
+    let mha = |h: usize, c: usize| QkvLayout::multi_head(h, c);
+    let cases: [(_, _, _, &[usize]); 6] = [
+        ((2, 5, mha(2, 16)), true, false, &[]),
+        ((2, 5, mha(2, 16)), false, true, &[]),
+        ((3, 7, mha(4, 32)), true, true, &[]),
+        ((1, 3, mha(2, 8)), true, true, &[5]), // positions after a cache's
+        ((3, 1, mha(2, 8)), true, true, &[4, 0, 9]), // rows decoded together, each at its own
+        ((2, 6, QkvLayout::new(4, 2, 8)), true, true, &[]), // grouped-query attention
     ];
-    for ((b, t, h, c), rope, qk_norm, starts) in cases {
-        let qkv = random([b, t, 3 * c], 12);
+    for ((b, t, layout), rope, qk_norm, starts) in cases {
+        let qkv = random([b, t, layout.width()], 12);
         let case = |p| {
             run([qkv.clone()], |[x]| {
-                rotate_qk(x, h, starts, rope, qk_norm, p)
+                rotate_qk(x, layout, starts, rope, qk_norm, p)
             })
         };
-        let what = format!("rope {rope}, qk_norm {qk_norm}, starts {starts:?}, [{b}, {t}, {c}]");
+        let what =
+            format!("rope {rope}, qk_norm {qk_norm}, starts {starts:?}, [{b}, {t}], {layout:?}");
         assert_close(&what, case(FUSED), case(COMPOSITE), 1e-4);
     }
     // Neither: the projection itself.
     let qkv = random([2, 5, 48], 13);
-    let same = rotate_qk(qkv.clone(), 2, &[], false, false, FUSED);
+    let same = rotate_qk(qkv.clone(), mha(2, 16), &[], false, false, FUSED);
     assert_eq!(values(&same), values(&qkv));
 }
 
@@ -400,18 +413,19 @@ fn embedding_and_head_loss_match_burn() {
 #[test]
 fn cached_attention_takes_views_of_buffers_as_their_values() {
     let device = Device::flex();
-    let (s, block, c, n_head) = (2, 8, 16, 2);
+    let (s, block, layout) = (2, 8, QkvLayout::new(4, 2, 4));
+    let kv = layout.kv_width();
     let on_flex = |t: Tensor<3>| Tensor::<3>::from_data(t.into_data(), &device);
-    let qkv = on_flex(random([s, 1, 3 * c], 1));
+    let qkv = on_flex(random([s, 1, layout.width()], 1));
     let (keys, values_) = (
-        on_flex(random([s + 2, block, c], 2)),
-        on_flex(random([s + 2, block, c], 3)),
+        on_flex(random([s + 2, block, kv], 2)),
+        on_flex(random([s + 2, block, kv], 3)),
     );
     let view = |b: &Tensor<3>| b.clone().narrow(0, 1, s);
     let copy = |b: &Tensor<3>| on_flex(view(b));
     let starts = [3, 5];
     let run = |kv| {
-        let (y, (k, v)) = fused::cached_attention(qkv.clone(), kv, &starts, n_head, true);
+        let (y, (k, v)) = fused::cached_attention(qkv.clone(), kv, &starts, layout, true);
         [values(&y), values(&k), values(&v)]
     };
     let from_views = run((view(&keys), view(&values_)));

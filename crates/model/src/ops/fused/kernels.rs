@@ -1,72 +1,14 @@
-//! The layers' kernels as forward and backward passes over Flex tensors, shared by the Flex
-//! implementation (forward only: inference) and the autodiff one (forward now, backward in a
-//! [`Backward`] step of Burn's graph). The buffers they read and write are in [`super::buffers`].
+//! The layers' kernels as forward and backward passes over Flex tensors ([`Kernel`]), shared by
+//! the Flex implementation (forward only: inference) and the autodiff one (forward now, backward
+//! in a step of Burn's graph: [`super::graph`]). The buffers they read and write are in
+//! [`super::buffers`].
 
 use super::buffers::*;
-use burn::backend::Flex;
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, NodeGuard, Ops, OpsKind},
-};
+use super::graph::Kernel;
 use burn::backend::flex::FlexTensor;
-use burn::backend::tensor::FloatTensor;
 use cinder_kernels::attention;
 use cinder_kernels::dropout::{self, Mask};
-use cinder_kernels::{embedding, gelu, layernorm, linear, loss, rmsnorm, rotary};
-
-/// A layer's forward pass, which also returns what its backward pass needs, and that backward
-/// pass. Inputs absent in a call (a bias, a residual) are given as empty tensors.
-pub(super) trait Kernel<const N: usize>: std::fmt::Debug + Send + Sized + 'static {
-    type Saved: Clone + std::fmt::Debug + Send + 'static;
-    fn forward(&self, inputs: [FlexTensor; N]) -> (FlexTensor, Self::Saved);
-    /// Each input's gradient, for those `wanted`.
-    fn backward(
-        self,
-        saved: Self::Saved,
-        grad: FlexTensor,
-        wanted: [bool; N],
-    ) -> [Option<FlexTensor>; N];
-}
-
-/// A kernel as a step of Burn's autodiff graph.
-#[derive(Debug)]
-pub(super) struct Step<K>(K);
-
-impl<K: Kernel<N>, const N: usize> Backward<Flex, N> for Step<K> {
-    type State = K::Saved;
-
-    fn backward(self, ops: Ops<K::Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let wanted = ops.parents.each_ref().map(Option::is_some);
-        let out = self.0.backward(ops.state, grad, wanted);
-        for (parent, g) in ops.parents.iter().zip(out) {
-            if let (Some(parent), Some(g)) = (parent, g) {
-                grads.register::<Flex>(parent.id, g);
-            }
-        }
-    }
-}
-
-pub(super) type Ad<C> = Autodiff<Flex, C>;
-pub(super) type AdTensor<C> = FloatTensor<Ad<C>>;
-
-/// Runs `kernel` on autodiff tensors: its forward now, its backward when the graph is walked.
-pub(super) fn tracked<K: Kernel<N>, C: CheckpointStrategy, const N: usize>(
-    kernel: K,
-    inputs: [AdTensor<C>; N],
-) -> AdTensor<C> {
-    let (prims, guards): (Vec<FlexTensor>, Vec<NodeGuard>) =
-        inputs.into_iter().map(|t| t.into_parts()).unzip();
-    let prims: [FlexTensor; N] = prims.try_into().expect("N inputs");
-    let guards: [NodeGuard; N] = guards.try_into().expect("N inputs");
-    let (out, saved) = kernel.forward(prims);
-    match Step(kernel).prepare::<C>(guards).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(saved, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
-}
+use cinder_kernels::{QkvLayout, activation, embedding, layernorm, linear, loss, rmsnorm, rotary};
 
 /// Whether an optional input is there (absent ones are empty).
 pub(super) fn present(t: &FlexTensor) -> bool {
@@ -232,9 +174,9 @@ impl Kernel<4> for Linear {
 }
 
 #[derive(Debug)]
-pub(super) struct Gelu(pub gelu::Kind);
+pub(super) struct Activate(pub activation::Kind);
 
-impl Kernel<2> for Gelu {
+impl Kernel<2> for Activate {
     /// GELU's derivative at the input.
     type Saved = FlexTensor;
 
@@ -246,7 +188,12 @@ impl Kernel<2> for Gelu {
         let b = floats(&bias);
         let values = derivative.storage_mut::<f32>();
         let mut out = zeros(values.len());
-        gelu::forward_keep_derivative(self.0, values, present(&bias).then_some(&b[..]), &mut out);
+        activation::forward_keep_derivative(
+            self.0,
+            values,
+            present(&bias).then_some(&b[..]),
+            &mut out,
+        );
         (tensor(out, shape), derivative)
     }
 
@@ -258,7 +205,7 @@ impl Kernel<2> for Gelu {
     ) -> [Option<FlexTensor>; 2] {
         let shape = dims(&grad);
         let mut d = copied(&floats(&grad));
-        gelu::backward_from_derivative(&floats(&derivative), &mut d);
+        activation::backward_from_derivative(&floats(&derivative), &mut d);
         let db = want_bias.then(|| {
             let width = *shape.last().expect("rank >= 1");
             let mut db = zeros(width);
@@ -275,18 +222,23 @@ impl Kernel<2> for Gelu {
 
 #[derive(Debug)]
 pub(super) struct Attention {
-    pub n_head: usize,
+    pub layout: QkvLayout,
     pub mask: Option<Mask>,
 }
 
 impl Attention {
     fn shape(&self, qkv: &[usize]) -> attention::Shape {
-        let [batch, seq, c3] = qkv.try_into().expect("qkv is [B, T, 3C]");
+        let [batch, seq, width] = qkv.try_into().expect("qkv is [B, T, W]");
+        assert_eq!(
+            width,
+            self.layout.width(),
+            "qkv is laid out as {:?}",
+            self.layout
+        );
         attention::Shape {
             batch,
             seq,
-            n_head: self.n_head,
-            n_embd: c3 / 3,
+            layout: self.layout,
         }
     }
 }
@@ -298,10 +250,11 @@ impl Kernel<1> for Attention {
     fn forward(&self, [qkv]: [FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
         let [qkv] = [&qkv];
         let s = self.shape(&dims(qkv));
-        let mut att = zeros(s.batch * s.n_head * s.seq * s.seq);
-        let mut y = zeros(s.batch * s.seq * s.n_embd);
+        let c = s.layout.q_width();
+        let mut att = zeros(s.batch * s.layout.n_head * s.seq * s.seq);
+        let mut y = zeros(s.batch * s.seq * c);
         attention::forward(&floats(qkv), s, self.mask, &mut att, &mut y);
-        (tensor(y, [s.batch, s.seq, s.n_embd]), (qkv.clone(), att))
+        (tensor(y, [s.batch, s.seq, c]), (qkv.clone(), att))
     }
 
     fn backward(
@@ -393,8 +346,8 @@ impl Kernel<1> for RotateQk {
     fn forward(&self, [qkv]: [FlexTensor; 1]) -> (FlexTensor, Self::Saved) {
         let shape = dims(&qkv);
         let xs = floats(&qkv);
-        let rows = xs.len() / (3 * self.0.n_embd);
-        let (mut out, mut rstd) = (zeros(xs.len()), zeros(rows * 2 * self.0.n_head));
+        let rows = xs.len() / self.0.layout.width();
+        let (mut out, mut rstd) = (zeros(xs.len()), zeros(rows * self.0.heads()));
         rotary::forward(&xs, &self.0, &mut out, &mut rstd);
         let out = tensor(out, shape);
         (out.clone(), (out, rstd))

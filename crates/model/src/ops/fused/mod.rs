@@ -16,13 +16,15 @@ use burn::prelude::*;
 use cinder_kernels::adamw::{self, Update};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::Mask;
-use cinder_kernels::{gelu, loss, muon, rotary};
+use cinder_kernels::{QkvLayout, activation, loss, muon, rotary};
 
 use crate::Activation;
 
 mod buffers;
+mod graph;
 mod kernels;
 use buffers::*;
+use graph::*;
 use kernels::*;
 
 /// The layers that have a fused version, for training (and inference) on Flex.
@@ -45,7 +47,7 @@ pub trait Layers: burn::backend::Backend {
     ) -> FloatTensor<Self>;
     /// RMSNorm without gain over the last dimension.
     fn rms_norm(x: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
-    /// QK-norm and RoPE on attention's `[B, T, 3C]` projection (`cinder_kernels::rotary`).
+    /// QK-norm and RoPE on attention's `[B, T, W]` projection (`cinder_kernels::rotary`).
     fn rotate_qk(qkv: FloatTensor<Self>, qk: rotary::Qk) -> FloatTensor<Self>;
     /// `residual + (x W + b)` (`bias`, `residual`: empty when absent).
     fn linear(
@@ -55,10 +57,15 @@ pub trait Layers: burn::backend::Backend {
         residual: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
     /// The GELU `kind` of `x + bias` (`bias`, added to each row: empty when absent).
-    fn gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: gelu::Kind) -> FloatTensor<Self>;
-    /// Causal self-attention on the fused `[B, T, 3C]` projection -> `[B, T, C]`; dropout on
-    /// the weights when `p > 0`.
-    fn attention(qkv: FloatTensor<Self>, n_head: usize, p: f32, seed: u64) -> FloatTensor<Self>;
+    fn activation(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        kind: activation::Kind,
+    ) -> FloatTensor<Self>;
+    /// Causal self-attention on the fused `[B, T, W]` projection laid out as `layout` says ->
+    /// `[B, T, C]`; dropout on the weights when `p > 0`.
+    fn attention(qkv: FloatTensor<Self>, layout: QkvLayout, p: f32, seed: u64)
+    -> FloatTensor<Self>;
     /// `residual + x ⊙ mask` (`residual` empty: `x ⊙ mask`), the mask drawn from `seed` (see
     /// `cinder_kernels::dropout`).
     fn dropout(
@@ -80,7 +87,7 @@ pub trait Layers: burn::backend::Backend {
 /// Inference-only operations on plain Flex.
 #[backend_extension(Flex)]
 pub trait Inference: burn::backend::Backend {
-    /// Attention of the new positions over a key/value cache `[S, block, C]` that they are
+    /// Attention of the new positions over a key/value cache `[S, block, KV]` that they are
     /// written into, after the `starts[s]` positions each text has there; returns
     /// `(y, keys, values)`, `y` being `[S, T_new, C]` or, with `last_only`, `[S, 1, C]`.
     fn cached_attention(
@@ -88,7 +95,7 @@ pub trait Inference: burn::backend::Backend {
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         starts: Vec<usize>,
-        n_head: usize,
+        layout: QkvLayout,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// The head's logits `x wᵀ`, soft-capped when `softcap > 0`: `[.., C]` -> `[.., V]`.
@@ -108,8 +115,9 @@ pub trait Optim: burn::backend::Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// `Σ x²`, `[1]` (summed in f64, stored as f32).
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
-    /// Muon's orthogonalisation of an update `[in, out]` seen as `splits` matrices side by side.
-    fn orthogonalise(u: FloatTensor<Self>, splits: usize) -> FloatTensor<Self>;
+    /// Muon's orthogonalisation of an update `[in, out]` seen as matrices of these widths side
+    /// by side (none: one matrix).
+    fn orthogonalise(u: FloatTensor<Self>, widths: Vec<usize>) -> FloatTensor<Self>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -184,23 +192,23 @@ pub fn activation<const D: usize>(
     activation: Activation,
 ) -> Tensor<D> {
     let kind = match activation {
-        Activation::Gelu => gelu::Kind::Erf,
-        Activation::GeluTanh => gelu::Kind::Tanh,
-        Activation::Relu2 => gelu::Kind::Relu2,
+        Activation::Gelu => activation::Kind::Erf,
+        Activation::GeluTanh => activation::Kind::Tanh,
+        Activation::Relu2 => activation::Kind::Relu2,
     };
     let device = x.device();
-    Tensor::from_dispatch(<Dispatch as Layers>::gelu(
+    Tensor::from_dispatch(<Dispatch as Layers>::activation(
         x.into_dispatch(),
         or_empty(bias, &device),
         kind,
     ))
 }
 
-pub fn attention(qkv: Tensor<3>, n_head: usize, mask: Option<Mask>) -> Tensor<3> {
+pub fn attention(qkv: Tensor<3>, layout: QkvLayout, mask: Option<Mask>) -> Tensor<3> {
     let (p, seed) = mask.map_or((0.0, 0), |m| (m.p, m.seed));
     Tensor::from_dispatch(<Dispatch as Layers>::attention(
         qkv.into_dispatch(),
-        n_head,
+        layout,
         p,
         seed,
     ))
@@ -237,7 +245,7 @@ pub fn cached_attention(
     qkv: Tensor<3>,
     cache: (Tensor<3>, Tensor<3>),
     starts: &[usize],
-    n_head: usize,
+    layout: QkvLayout,
     last_only: bool,
 ) -> (Tensor<3>, (Tensor<3>, Tensor<3>)) {
     let (y, k, v) = <Dispatch as Inference>::cached_attention(
@@ -245,7 +253,7 @@ pub fn cached_attention(
         cache.0.into_dispatch(),
         cache.1.into_dispatch(),
         starts.to_vec(),
-        n_head,
+        layout,
         last_only,
     );
     let t = |x| Tensor::<3>::from_dispatch(x);
@@ -278,11 +286,12 @@ pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
         .into_scalar::<f64>()
 }
 
-/// Muon's orthogonalisation of `u` `[in, out]`, seen as `splits` matrices side by side.
-pub fn orthogonalise(u: Tensor<2>, splits: usize) -> Tensor<2> {
+/// Muon's orthogonalisation of `u` `[in, out]`, seen as matrices of these widths side by side
+/// (none: one matrix).
+pub fn orthogonalise(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
     Tensor::from_dispatch(<Dispatch as Optim>::orthogonalise(
         u.into_dispatch(),
-        splits,
+        widths.to_vec(),
     ))
 }
 
@@ -293,97 +302,99 @@ fn mask(p: f32, seed: u64) -> Option<Mask> {
     (p > 0.0).then_some(Mask { p, seed })
 }
 
-fn embed_kernel(ids_t: &FlexTensor, starts: Vec<usize>) -> Embed {
-    let [_, seq] = dims(ids_t).try_into().expect("ids are [B, T]");
-    Embed {
-        ids: ids(ids_t),
-        seq,
-        starts,
-    }
+/// The operations of [`Layers`] whose kernel runs alike with and without autodiff: written once,
+/// for both implementations ([`Runs`]).
+macro_rules! implemented_alike {
+    () => {
+        fn embed(
+            idx: IntTensor<Self>,
+            wte: FloatTensor<Self>,
+            wpe: FloatTensor<Self>,
+            starts: Vec<usize>,
+        ) -> FloatTensor<Self> {
+            let [_, seq] = dims(&idx).try_into().expect("ids are [B, T]");
+            let kernel = Embed {
+                ids: ids(&idx),
+                seq,
+                starts,
+            };
+            Self::run(kernel, [wte, wpe])
+        }
+        fn layer_norm(
+            x: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            eps: f32,
+        ) -> FloatTensor<Self> {
+            Self::run(LayerNorm { eps }, [x, g, b])
+        }
+        fn rms_norm(x: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+            Self::run(RmsNorm { eps }, [x])
+        }
+        fn rotate_qk(qkv: FloatTensor<Self>, qk: rotary::Qk) -> FloatTensor<Self> {
+            Self::run(RotateQk(qk), [qkv])
+        }
+        fn linear(
+            x: FloatTensor<Self>,
+            w: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            r: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            Self::run(Linear, [x, w, b, r])
+        }
+        fn attention(
+            qkv: FloatTensor<Self>,
+            layout: QkvLayout,
+            p: f32,
+            seed: u64,
+        ) -> FloatTensor<Self> {
+            let mask = mask(p, seed);
+            Self::run(Attention { layout, mask }, [qkv])
+        }
+        fn dropout(
+            x: FloatTensor<Self>,
+            r: FloatTensor<Self>,
+            p: f32,
+            seed: u64,
+        ) -> FloatTensor<Self> {
+            let m = mask(p, seed).expect("dropout with p > 0");
+            Self::run(Dropout(m), [x, r])
+        }
+        fn head_loss(
+            x: FloatTensor<Self>,
+            w: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            softcap: f32,
+        ) -> FloatTensor<Self> {
+            let targets = ids(&targets);
+            Self::run(HeadLoss { targets, softcap }, [x, w])
+        }
+    };
 }
 
 impl Layers for Flex {
-    fn embed(ids: FlexTensor, wte: FlexTensor, wpe: FlexTensor, starts: Vec<usize>) -> FlexTensor {
-        embed_kernel(&ids, starts).forward([wte, wpe]).0
-    }
-    fn layer_norm(x: FlexTensor, g: FlexTensor, b: FlexTensor, eps: f32) -> FlexTensor {
-        LayerNorm { eps }.forward([x, g, b]).0
-    }
-    fn rms_norm(x: FlexTensor, eps: f32) -> FlexTensor {
-        RmsNorm { eps }.forward([x]).0
-    }
-    fn rotate_qk(qkv: FlexTensor, qk: rotary::Qk) -> FlexTensor {
-        RotateQk(qk).forward([qkv]).0
-    }
-    fn linear(x: FlexTensor, w: FlexTensor, b: FlexTensor, r: FlexTensor) -> FlexTensor {
-        Linear.forward([x, w, b, r]).0
-    }
-    fn gelu(x: FlexTensor, bias: FlexTensor, kind: gelu::Kind) -> FlexTensor {
+    implemented_alike!();
+
+    fn activation(x: FlexTensor, bias: FlexTensor, kind: activation::Kind) -> FlexTensor {
         // Inference: the value alone, without the derivative the backward pass would need, in
         // place in the input's buffer (the linear layer's fresh output) when nothing else
         // holds it.
         let mut x = owned(x);
         let b = floats(&bias);
-        gelu::forward_in_place(
+        activation::forward_in_place(
             kind,
             x.storage_mut::<f32>(),
             present(&bias).then_some(&b[..]),
         );
         x
     }
-    fn attention(qkv: FlexTensor, n_head: usize, p: f32, seed: u64) -> FlexTensor {
-        let mask = mask(p, seed);
-        Attention { n_head, mask }.forward([qkv]).0
-    }
-    fn dropout(x: FlexTensor, r: FlexTensor, p: f32, seed: u64) -> FlexTensor {
-        let m = mask(p, seed).expect("dropout with p > 0");
-        Dropout(m).forward([x, r]).0
-    }
-    fn head_loss(x: FlexTensor, w: FlexTensor, targets: FlexTensor, softcap: f32) -> FlexTensor {
-        HeadLoss {
-            targets: ids(&targets),
-            softcap,
-        }
-        .forward([x, w])
-        .0
-    }
 }
 
 impl<C: CheckpointStrategy> Layers for Ad<C> {
-    fn embed(
-        ids: FlexTensor,
-        wte: AdTensor<C>,
-        wpe: AdTensor<C>,
-        starts: Vec<usize>,
-    ) -> AdTensor<C> {
-        tracked::<_, C, _>(embed_kernel(&ids, starts), [wte, wpe])
-    }
-    fn layer_norm(x: AdTensor<C>, g: AdTensor<C>, b: AdTensor<C>, eps: f32) -> AdTensor<C> {
-        tracked::<_, C, 3>(LayerNorm { eps }, [x, g, b])
-    }
-    fn rms_norm(x: AdTensor<C>, eps: f32) -> AdTensor<C> {
-        tracked::<_, C, 1>(RmsNorm { eps }, [x])
-    }
-    fn rotate_qk(qkv: AdTensor<C>, qk: rotary::Qk) -> AdTensor<C> {
-        tracked::<_, C, 1>(RotateQk(qk), [qkv])
-    }
-    fn linear(x: AdTensor<C>, w: AdTensor<C>, b: AdTensor<C>, r: AdTensor<C>) -> AdTensor<C> {
-        tracked::<_, C, 4>(Linear, [x, w, b, r])
-    }
-    fn gelu(x: AdTensor<C>, bias: AdTensor<C>, kind: gelu::Kind) -> AdTensor<C> {
-        tracked::<_, C, _>(Gelu(kind), [x, bias])
-    }
-    fn attention(qkv: AdTensor<C>, n_head: usize, p: f32, seed: u64) -> AdTensor<C> {
-        let mask = mask(p, seed);
-        tracked::<_, C, _>(Attention { n_head, mask }, [qkv])
-    }
-    fn dropout(x: AdTensor<C>, r: AdTensor<C>, p: f32, seed: u64) -> AdTensor<C> {
-        let m = mask(p, seed).expect("dropout with p > 0");
-        tracked::<_, C, _>(Dropout(m), [x, r])
-    }
-    fn head_loss(x: AdTensor<C>, w: AdTensor<C>, targets: FlexTensor, softcap: f32) -> AdTensor<C> {
-        let targets = ids(&targets);
-        tracked::<_, C, _>(HeadLoss { targets, softcap }, [x, w])
+    implemented_alike!();
+
+    fn activation(x: AdTensor<C>, bias: AdTensor<C>, kind: activation::Kind) -> AdTensor<C> {
+        Self::run(Activate(kind), [x, bias])
     }
 }
 
@@ -393,19 +404,19 @@ impl Inference for Flex {
         keys: FlexTensor,
         values: FlexTensor,
         starts: Vec<usize>,
-        n_head: usize,
+        layout: QkvLayout,
         last_only: bool,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let [samples, new, c3] = dims(&qkv).try_into().expect("qkv is [S, T, 3C]");
-        let [_, block, c] = dims(&keys).try_into().expect("keys are [S, block, C]");
-        assert_eq!(c3, 3 * c);
+        let [samples, new, width] = dims(&qkv).try_into().expect("qkv is [S, T, W]");
+        let [_, block, kv] = dims(&keys).try_into().expect("keys are [S, block, KV]");
+        assert_eq!((width, kv), (layout.width(), layout.kv_width()));
         let s = CachedShape {
             samples,
             new,
             block,
-            n_head,
-            n_embd: c,
+            layout,
         };
+        let c = layout.q_width();
         let rows = if last_only { 1 } else { new };
         let mut y = zeros(samples * rows * c);
         // Written in place when the cache is not shared (the sampler's own), else copied; a
@@ -457,10 +468,15 @@ impl Optim for Flex {
         tensor(vec![adamw::sum_squares(&floats(&x)) as f32], [1])
     }
 
-    fn orthogonalise(u: FlexTensor, splits: usize) -> FlexTensor {
+    fn orthogonalise(u: FlexTensor, widths: Vec<usize>) -> FlexTensor {
         let [rows, cols] = dims(&u).try_into().expect("a Muon update is a matrix");
+        let widths = if widths.is_empty() {
+            vec![cols]
+        } else {
+            widths
+        };
         tensor(
-            muon::orthogonalise(&floats(&u), rows, cols, splits),
+            muon::orthogonalise(&floats(&u), rows, &widths),
             [rows, cols],
         )
     }
