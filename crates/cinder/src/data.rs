@@ -12,7 +12,7 @@ use cinder_data::{
     SplitError, Splits, TextIdentity, Tokenizer,
 };
 
-use crate::config::{DEFAULT_BPE_VOCAB, TrainConfig};
+use crate::config::{TokenizerKind, TrainConfig};
 use crate::storage::names::PREPARED;
 
 /// Why the data could not be made ready for training.
@@ -44,23 +44,14 @@ pub enum DataError {
 pub enum TokenizerChoice {
     /// This one (a checkpoint's).
     Keep(Box<Tokenizer>),
-    /// The characters of the training text.
-    Char,
-    /// A byte-level BPE of this many tokens, trained on the training part of the text.
-    Bpe(usize),
-    /// An existing Hugging Face `tokenizer.json`.
-    File(PathBuf),
+    /// A new one, made from the training text or read from a file.
+    New(TokenizerKind),
 }
 
 impl TokenizerChoice {
     /// The choice a config makes (checked by [`TrainConfig::validate`]).
     pub fn of(config: &TrainConfig) -> Self {
-        match config.tokenizer.as_str() {
-            "char" => TokenizerChoice::Char,
-            "bpe" if config.vocab_size == 0 => TokenizerChoice::Bpe(DEFAULT_BPE_VOCAB),
-            "bpe" => TokenizerChoice::Bpe(config.vocab_size),
-            path => TokenizerChoice::File(path.into()),
-        }
+        TokenizerChoice::New(config.tokenizer_kind())
     }
 }
 
@@ -75,14 +66,14 @@ impl TokenizerChoice {
     ) -> Result<Tokenizer, DataError> {
         Ok(match self {
             TokenizerChoice::Keep(tokenizer) => tokenizer.as_ref().clone(),
-            TokenizerChoice::Char => Tokenizer::Char(char_vocabulary(sources)?),
-            TokenizerChoice::Bpe(vocab_size) => {
+            TokenizerChoice::New(TokenizerKind::Char) => Tokenizer::Char(char_vocabulary(sources)?),
+            TokenizerChoice::New(TokenizerKind::Bpe(vocab_size)) => {
                 progress("training the BPE tokenizer", 0, 1);
                 let bpe = prepared::train_bpe(sources, train_fraction, *vocab_size)?;
                 progress("training the BPE tokenizer", 1, 1);
                 Tokenizer::Bpe(bpe)
             }
-            TokenizerChoice::File(path) => Tokenizer::Bpe(
+            TokenizerChoice::New(TokenizerKind::File(path)) => Tokenizer::Bpe(
                 cinder_data::BpeTokenizer::from_file(path)
                     .map_err(|e| DataError::Tokenizer(e.to_string()))?,
             ),

@@ -7,7 +7,7 @@
 //! - [`data`]: a run's text or prepared token files, and its tokenizer;
 //! - [`device`]: the backend;
 //! - [`run`]: starting, resuming and running training, and what it reports;
-//! - [`storage`]: file names, checkpoints, GPT-2 folders;
+//! - [`storage`]: file names, checkpoints, Hugging Face folders;
 //! - [`sampling`]: generating text;
 //! - [`inspect`]: attention maps.
 //!

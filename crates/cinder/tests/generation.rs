@@ -5,6 +5,7 @@ mod common;
 use cinder::sampling::SamplingParams;
 use cinder::sampling::generate::{Decoder, GenerateOptions, generate};
 use cinder_model::{GptConfig, Ops, Position};
+use cinder_testing::max_diff;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -48,12 +49,7 @@ fn compare_decoders(
     for step in 0..21 {
         let a = a_decoder.next_logits();
         let b = b_decoder.next_logits();
-        assert_eq!(a.len(), b.len());
-        let diff = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max);
+        let diff = max_diff(&a, &b);
         let len = texts[0].len();
         let expected = if len <= model.block_size() {
             within(diff)
@@ -140,11 +136,7 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
             let v = logits.len() / rows.len();
             for (row, (k, done)) in rows.iter_mut().enumerate() {
                 let got = &logits[row * v..(row + 1) * v];
-                let diff = got
-                    .iter()
-                    .zip(&alone[*k][*done])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
+                let diff = max_diff(got, &alone[*k][*done]);
                 assert!(
                     diff < 1e-5,
                     "{ops:?} rope {rope}: text {k} step {done}: {diff}"

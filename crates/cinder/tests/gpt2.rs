@@ -7,12 +7,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
+use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::sampling::{DEFAULT_PROMPT, DEFAULT_TOP_K, SamplingParams, prompt_ids};
 use cinder::storage::checkpoint;
+use cinder::storage::hf::Architecture::Gpt2;
 use cinder::storage::names::{BEST, LATEST};
 use cinder_data::BpeTokenizer;
 use cinder_model::{Activation, GptConfig, Norm, Ops, Position};
-use common::{fails_with, max_diff, stdout_of};
-use safetensors::{Dtype, SafeTensors};
+use cinder_testing::max_diff;
+use common::{fails_with, stdout_of};
+use safetensors::Dtype;
 use serde_json::json;
 
 const N_LAYER: usize = 2;
@@ -141,23 +145,9 @@ fn write_folder(dir: &Path, prefix: &str, dtype: Dtype, changes: serde_json::Val
     dir.to_path_buf()
 }
 
-/// Every tensor of a safetensors file as f32 values, by name without `transformer.`.
+/// Every tensor of an exported file, by GPT-2's names without `transformer.`.
 fn read_tensors(path: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let file = SafeTensors::deserialize(&bytes).unwrap();
-    file.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), Dtype::F32, "{name}");
-            let values = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            let name = name.trim_start_matches("transformer.").to_string();
-            (name, (view.shape().to_vec(), values))
-        })
-        .collect()
+    common::read_tensors(path, "transformer.")
 }
 
 /// Next-token logits of `model` for a fixed sequence.
@@ -244,8 +234,9 @@ fn export_refuses_what_gpt2_cannot_express_by_name() {
     let device = common::backend().device;
     let gpt2 = small_gpt2();
     type Option = fn(&mut cinder::config::TrainConfig);
-    let cases: [(Option, &str, &str); 5] = [
+    let cases: [(Option, &str, &str); 6] = [
         (|c| c.activation = Activation::Relu2, "activation", "relu2"),
+        (|c| c.n_kv_head = 2, "n_kv_head", "2"),
         (|c| c.position = Position::Rope, "position", "rope"),
         (|c| c.norm = Norm::Rmsnorm, "norm", "rmsnorm"),
         (|c| c.qk_norm = true, "qk_norm", "true"),
@@ -257,7 +248,8 @@ fn export_refuses_what_gpt2_cannot_express_by_name() {
         set(&mut config);
         let model = config.model(tok.vocab_size()).init(&device).unwrap();
         let folder = dir.path().join(field);
-        let err = cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap_err();
+        let err =
+            cinder::storage::hf::export(&folder, &model, &config, &tok, Some(Gpt2)).unwrap_err();
         let message = err.to_string();
         assert!(
             message.contains(field) && message.contains(value),
@@ -282,7 +274,7 @@ fn an_untied_head_exports_as_lm_head_and_imports_back() {
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
     let folder = dir.path().join("gpt2");
-    cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap();
+    cinder::storage::hf::export(&folder, &model, &config, &tok, Some(Gpt2)).unwrap();
     let hf: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
             .unwrap();
@@ -322,7 +314,7 @@ fn an_imported_model_gives_the_composite_models_logits() {
     let tok = cinder_data::Tokenizer::Bpe(tokenizer());
     let model = config.model(tok.vocab_size()).init(&device).unwrap();
     let folder = dir.path().join("gpt2");
-    cinder::storage::gpt2::export(&folder, &model, &config, &tok).unwrap();
+    cinder::storage::hf::export(&folder, &model, &config, &tok, Some(Gpt2)).unwrap();
 
     let loaded = checkpoint::load(&folder, &[BEST, LATEST], &device).unwrap();
     assert_eq!(loaded.meta.config.activation, Activation::GeluTanh);
@@ -342,7 +334,7 @@ fn an_imported_model_gives_the_composite_models_logits() {
         layer_norm_epsilon: 1e-5,
         ..loaded.meta.config.model(tok.vocab_size())
     };
-    let other = cinder::storage::gpt2::load_weights(&folder, &exact, &device).unwrap();
+    let other = cinder::storage::hf::load_weights(&folder, &exact, &device).unwrap();
     assert!(max_diff(&want, &logits(&other, &device)) > 1e-3);
 }
 
@@ -429,7 +421,7 @@ fn damaged_or_mismatched_folders_are_refused_by_name() {
             .current_dir(dir.path())
             .arg("--resume")
             .arg(&folder),
-        &["Hugging Face GPT-2 folder", "--init-from"],
+        &["is a Hugging Face folder", "--init-from"],
     );
 }
 
@@ -574,14 +566,44 @@ fn a_padded_vocabulary_loads_and_samples_known_tokens() {
     assert_eq!(loaded.model.vocab_size(), padded);
     assert_eq!(loaded.tokenizer.vocab_size(), tokens);
     assert_eq!(loaded.meta.config.vocab_size, padded);
+    // generate's sampling: 40 tokens at temperature 2 after the default prompt, seed 1337. The
+    // padding rows are likely enough that a sampler blind to the tokenizer picks them.
+    let sample = |tokens: usize| {
+        let opts = GenerateOptions {
+            max_new_tokens: 40,
+            num_samples: 1,
+            sampling: SamplingParams {
+                temperature: 2.0,
+                top_k: Some(DEFAULT_TOP_K),
+                top_p: None,
+            },
+            seed: 1337,
+            use_cache: true,
+            tokens,
+        };
+        let prompt = prompt_ids(&loaded.tokenizer, DEFAULT_PROMPT, false).unwrap();
+        generate(&loaded.model, &prompt, &opts, &device, |_, _| {}).remove(0)
+    };
+    let blind = sample(padded);
+    assert!(
+        blind.iter().any(|&id| id as usize >= tokens),
+        "no padding id even when allowed: {blind:?}"
+    );
+    let ids = sample(tokens);
+    assert!(
+        ids.iter().all(|&id| (id as usize) < tokens),
+        "a padding id was picked: {ids:?}"
+    );
     let out = stdout_of(cmd("generate").arg("--checkpoint").arg(&folder).args([
         "--max-new-tokens",
         "40",
         "--temperature",
         "2",
+        "--seed",
+        "1337",
         "-q",
     ]));
-    assert!(!out.is_empty());
+    assert_eq!(out, loaded.tokenizer.decode(&ids) + "\n");
 
     let folder = write_folder(
         &dir.path().join("short"),

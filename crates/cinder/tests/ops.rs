@@ -12,10 +12,11 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use cinder::config::{OptimizerKind, TrainConfig};
 use cinder::data::batch_tensors;
-use cinder::run::trainer::{EvalReport, Observer, StepReport, Trainer};
+use cinder::run::report::{EvalReport, Observer, StepReport};
+use cinder::run::trainer::Trainer;
 use cinder::storage::checkpoint;
 use cinder_data::{Batcher, Split};
-use cinder_model::{Gpt, Ops};
+use cinder_model::{DropoutKey, Gpt, Ops, Position};
 use common::{serial, tiny_config};
 
 fn trainer(config: TrainConfig, dir: &Path, ops: Ops) -> Trainer {
@@ -126,6 +127,23 @@ fn loss_and_gradients_match_on_sequences_shorter_than_the_context() {
         batch_size: 3,
         ..tiny_config()
     });
+}
+
+#[test]
+fn loss_and_gradients_match_with_grouped_query_attention() {
+    // Two query heads per key/value head, and one key/value head for all four (multi-query),
+    // with the speedrun's rotary positions and QK-norm on both; over several attention blocks.
+    for (n_kv_head, block_size) in [(2, 16), (1, 70)] {
+        check_gradients(TrainConfig {
+            n_head: 4,
+            n_kv_head,
+            block_size,
+            batch_size: 2,
+            position: Position::Rope,
+            qk_norm: true,
+            ..tiny_config()
+        });
+    }
 }
 
 #[test]
@@ -252,15 +270,32 @@ fn dropout_runs_on_the_fused_layers_and_depends_only_on_the_seed() {
     );
     let (a, _) = run(&config(0.2, 1), Ops::Fused);
     let (b, _) = run(&config(0.2, 1), Ops::Fused);
-    let (other_seed, _) = run(&config(0.2, 2), Ops::Fused);
     let (none, _) = run(&config(0.0, 1), Ops::Fused);
     assert_eq!(a.0, b.0, "the same seed gives the same masks");
-    assert_ne!(a.0[1..], other_seed.0[1..], "another seed, other masks");
     // At step 0 the weights are the seed's either way: only the masks differ from no dropout.
     assert_ne!(a.0[0], none.0[0], "dropout changes the loss");
     // The composite layers train with dropout too, with Burn's masks.
     let (c, _) = run(&config(0.2, 1), Ops::Composite);
     assert!(c.0.iter().all(|l| l.is_finite()) && c.0[0] != none.0[0]);
+
+    // The masks alone: one model and one batch, and only the dropout key changed (another run
+    // seed would change the weights and the batches too). The fused masks do not come from the
+    // device's generator: reseeding it changes nothing.
+    let c = config(0.2, 1);
+    let t = trainer(c.clone(), dir.path(), Ops::Fused);
+    let device = t.backend().device.clone().autodiff();
+    let tokens = t.splits().get(Split::Train);
+    let batch = Batcher::new(c.seed, c.batch_size, c.block_size).batch(tokens, Split::Train, 0, 0);
+    let loss = |seed, draw| {
+        let (x, y) = batch_tensors(&batch, &device);
+        let key = DropoutKey { seed, draw };
+        t.model().loss(x, y, Some(key)).into_scalar::<f32>()
+    };
+    let key_1 = loss(1, 0);
+    device.seed(99);
+    assert_eq!(loss(1, 0), key_1, "the same key, the same masks");
+    assert_ne!(loss(2, 0), key_1, "another seed, other masks");
+    assert_ne!(loss(1, 1), key_1, "another draw, other masks");
 }
 
 /// `first` trains to iteration 6 and writes its checkpoint; `second` resumes it to 12. Their

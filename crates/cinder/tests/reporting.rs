@@ -162,7 +162,7 @@ fn each_evaluation_samples_what_generate_writes_and_the_losses_do_not_change() {
         ("--seed", "7"),
     ];
     train(dir.path(), &flags).assert().success();
-    let samples = cinder::run::samples::read(&run.join(names::SAMPLES)).unwrap();
+    let samples = cinder::storage::samples::read(&run.join(names::SAMPLES)).unwrap();
     let iters: Vec<u64> = samples.iter().map(|s| s.iter).collect();
     assert_eq!(iters, [3, 6], "one sample per evaluation");
     assert_ne!(
@@ -198,6 +198,6 @@ fn each_evaluation_samples_what_generate_writes_and_the_losses_do_not_change() {
         .assert()
         .success();
     assert_eq!(losses(&run), with);
-    let samples = cinder::run::samples::read(&run.join(names::SAMPLES)).unwrap();
+    let samples = cinder::storage::samples::read(&run.join(names::SAMPLES)).unwrap();
     assert!(samples.is_empty(), "--sample-tokens 0 writes none");
 }

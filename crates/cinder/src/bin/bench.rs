@@ -63,10 +63,10 @@ enum Mode {
     },
     /// Peak matrix-multiply throughput of the backend (GFLOP/s), the reference for MFU
     Peak,
-    /// Median time to load a checkpoint or a Hugging Face GPT-2 folder: configuration,
+    /// Median time to load a checkpoint or a Hugging Face folder (GPT-2, NanoChat): configuration,
     /// tokenizer and weights (the files' pages warm after the first run)
     Load {
-        /// A run folder, checkpoint folder or GPT-2 folder
+        /// A run folder, checkpoint folder or Hugging Face folder
         #[arg(long)]
         checkpoint: PathBuf,
         /// Timed loads

@@ -18,12 +18,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 ///
 /// The text is cut into consecutive windows of the model's context length (a shorter text is one
 /// window); every token of a window is predicted from the ones before it in the window. A
-/// Hugging Face GPT-2 folder can be measured too (with --data).
+/// Hugging Face folder (GPT-2, NanoChat) can be measured too (with --data).
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
     /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
-    /// Face GPT-2 folder
+    /// Face folder (GPT-2, NanoChat)
     #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
     /// Text to measure on (UTF-8) [default: the run's own split, see --split]

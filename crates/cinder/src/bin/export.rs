@@ -1,29 +1,37 @@
-//! `export`: writes a checkpoint as a Hugging Face GPT-2 folder.
+//! `export`: writes a checkpoint as a Hugging Face folder (GPT-2 or NanoChat).
 
 use std::path::PathBuf;
 
 use cinder::cli::exit_on_error;
 use cinder::device::{Backend, DeviceChoice};
-use cinder::storage::names::READ;
-use cinder::storage::{checkpoint, gpt2};
+use cinder::storage::hf::{self, Architecture};
+use cinder::storage::{checkpoint, names::READ};
 use clap::Parser;
+use clap::builder::TypedValueParser;
 
-/// Write a cinder checkpoint as a Hugging Face GPT-2 folder: config.json, model.safetensors,
-/// tokenizer.json and tokenizer_config.json.
+/// Write a cinder checkpoint as a Hugging Face folder: config.json, model.safetensors,
+/// tokenizer.json, tokenizer_config.json and generation_config.json.
 ///
-/// `transformers.GPT2LMHeadModel.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`
-/// load it. A character vocabulary becomes a tokenizer with one token per character (the same
-/// ids); a model without biases gets zero biases.
+/// The architecture is the one the model fits: GPT-2 (`GPT2LMHeadModel`) for nanoGPT's recipe
+/// (learned positions, LayerNorm), NanoChat (`NanoChatForCausalLM`) for the default recipe
+/// (RoPE, RMSNorm, QK-norm, ReLU², no biases). `transformers`' `AutoModelForCausalLM` and
+/// `AutoTokenizer` load either with no remote code. A character vocabulary becomes a tokenizer
+/// with one token per character (the same ids).
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
     /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
-    /// Face GPT-2 folder
+    /// Face folder
     #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
-    /// The folder to write: new, or without any of the four files
+    /// The folder to write: new, or without any of the five files
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// The architecture to write; by default, the one the model fits
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+        Architecture::ALL.iter().map(|a| a.name())
+    ).map(|s| s.parse::<Architecture>().expect("a listed name")))]
+    architecture: Option<Architecture>,
 }
 
 fn main() {
@@ -38,11 +46,18 @@ fn run(args: Args) -> anyhow::Result<()> {
         tokenizer,
         model,
     } = checkpoint::load(&args.checkpoint, &READ, &backend.device)?;
-    gpt2::export(&args.out, &model, &meta.config, &tokenizer)?;
+    let architecture = hf::export(
+        &args.out,
+        &model,
+        &meta.config,
+        &tokenizer,
+        args.architecture,
+    )?;
     eprintln!(
-        "wrote {} (GPT-2, {} layers x {} heads x {} wide, context {}, {} tokens) from {} \
+        "wrote {} ({}, {} layers x {} heads x {} wide, context {}, {} tokens) from {} \
          (iteration {})",
         args.out.display(),
+        architecture.class(),
         meta.config.n_layer,
         meta.config.n_head,
         meta.config.n_embd,

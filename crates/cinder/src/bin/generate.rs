@@ -23,7 +23,7 @@ use clap::Parser;
 #[command(version, about, long_about)]
 struct Args {
     /// A run folder (its best/ checkpoint, else latest/), a checkpoint folder, or a Hugging
-    /// Face GPT-2 folder
+    /// Face folder (GPT-2, NanoChat)
     #[arg(long, default_value = cinder::run::start::DEFAULT_RUN)]
     checkpoint: PathBuf,
     /// Text to continue

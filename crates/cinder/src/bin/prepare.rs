@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cinder::cli::exit_on_error;
-use cinder::config::TrainConfig;
+use cinder::config::{TokenizerKind, TrainConfig};
 use cinder::data::TokenizerChoice;
 use cinder_data::Sources;
 use cinder_data::prepared::{self, TRAIN_BIN, VAL_BIN};
@@ -27,7 +27,7 @@ struct Args {
     out: PathBuf,
     /// char, bpe (a byte-level BPE trained on the training part), or the path of a Hugging
     /// Face tokenizer.json
-    #[arg(long, default_value = "char")]
+    #[arg(long, default_value = cinder_data::tokenizer::CHAR)]
     tokenizer: String,
     /// Tokens of the BPE that --tokenizer bpe trains [default: 2048]
     #[arg(long)]
@@ -69,7 +69,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         bar
     };
     let choice = TokenizerChoice::of(&config);
-    if let (TokenizerChoice::Bpe(vocab_size), false) = (&choice, args.quiet) {
+    if let (TokenizerChoice::New(TokenizerKind::Bpe(vocab_size)), false) = (&choice, args.quiet) {
         eprintln!("training a byte-level BPE of {vocab_size} tokens on the training part");
     }
     let training = bar("training the BPE tokenizer");

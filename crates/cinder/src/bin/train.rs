@@ -46,9 +46,9 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
     /// Start a new run from the weights of this checkpoint, run folder (its best/) or Hugging
-    /// Face GPT-2 folder: fine-tuning. The architecture and vocabulary come from it (a smaller
-    /// --block-size crops its context); the training settings from the config and flags; the
-    /// optimizer and schedule start afresh [config: init_from]
+    /// Face folder (GPT-2, NanoChat): fine-tuning. The architecture and vocabulary come from it
+    /// (a smaller --block-size crops its context); the training settings from the config and
+    /// flags; the optimizer and schedule start afresh [config: init_from]
     #[arg(long, value_name = "CKPT", conflicts_with = "resume")]
     init_from: Option<PathBuf>,
     /// If the run folder already holds a run, move that run aside into <folder>.old-<n>

@@ -131,7 +131,7 @@ impl TrainConfig {
             c.muon_momentum.to_string(),
             "in [0, 1)",
         )?;
-        let is_bpe = c.tokenizer == "bpe";
+        let is_bpe = matches!(c.tokenizer_kind(), super::TokenizerKind::Bpe(_));
         check(
             c.vocab_size == 0 || (is_bpe && c.vocab_size >= 257) || c.tokenizer_is_file(),
             "vocab_size",

@@ -5,12 +5,7 @@ use cinder_data::{Batch, Batcher, Split, Splits};
 use cinder_model::Gpt;
 
 use crate::data::batch_tensors;
-
-/// `f` run on one of rayon's threads, where the kernels' parallel loops start without a hand-off
-/// (see [`crate::run::trainer::Trainer::step`]).
-pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
-}
+use crate::run::pool::in_pool;
 
 /// The random stream of evaluation batches (training uses stream 0).
 const EVAL_STREAM: u64 = 1;

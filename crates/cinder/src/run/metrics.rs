@@ -4,7 +4,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::run::trainer::{EvalReport, Observer, StepReport};
+use crate::run::report::{EvalReport, Observer, StepReport};
 use crate::storage::names::METRICS;
 use crate::storage::records;
 

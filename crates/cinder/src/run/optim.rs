@@ -57,14 +57,16 @@ impl Optim {
                     TensorAdamW::new(MUON_ADAMW, 0.0, grad_scale.clone())
                         .with_lr_scale(peak / c.learning_rate)
                 };
-                let muon = |splits: usize| TensorMuon {
+                let muon = |widths: Vec<usize>| TensorMuon {
                     momentum: c.muon_momentum as f32,
                     weight_decay: c.weight_decay as f32,
                     lr_scale: c.muon_lr / c.learning_rate,
-                    splits,
+                    widths,
                     grad_scale: grad_scale.clone(),
                 };
                 let (qkv, matrices) = muon_params(model);
+                // Attention's q/k/v weight is three matrices side by side.
+                let qkv_widths = model.config.qkv_layout().widths().to_vec();
                 let head = model.lm_head.iter().map(|w| w.id).collect();
                 // Gains and biases at learning_rate; later groups take precedence.
                 ModuleOptimizer::from(adamw(c.learning_rate))
@@ -74,8 +76,8 @@ impl Optim {
                         None,
                     )
                     .with_group(ParamGroup::from_ids(head), adamw(c.head_lr), None)
-                    .with_group(ParamGroup::from_ids(matrices), muon(1), None)
-                    .with_group(ParamGroup::from_ids(qkv), muon(3), None)
+                    .with_group(ParamGroup::from_ids(matrices), muon(Vec::new()), None)
+                    .with_group(ParamGroup::from_ids(qkv), muon(qkv_widths), None)
             }
         };
         Self { module, grad_scale }
@@ -96,8 +98,8 @@ impl Optim {
     }
 }
 
-/// The ids of Muon's matrices: attention's q/k/v weights (`[C, 3C]`, three matrices each), and
-/// every other linear weight inside the blocks.
+/// The ids of Muon's matrices: attention's q/k/v weights (three matrices each:
+/// `cinder_kernels::QkvLayout`), and every other linear weight inside the blocks.
 pub fn muon_params(model: &Gpt) -> (Vec<ParamId>, Vec<ParamId>) {
     let (mut qkv, mut matrices) = (Vec::new(), Vec::new());
     for block in &model.blocks {
@@ -252,11 +254,7 @@ mod tests {
             a = fused.step(1e-2, a, ga, max_norm);
             b = reference_step(&mut burn, 1e-2, b, gb, max_norm);
             let (wa, wb) = (weights(&a), weights(&b));
-            let diff = wa
-                .iter()
-                .zip(&wb)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
+            let diff = cinder_testing::max_diff(&wa, &wb);
             assert!(diff < 1e-4, "step {step}: weights differ by {diff}");
         }
     }
@@ -324,13 +322,8 @@ mod tests {
         let k = 0.5; // the schedule's factor at this step
         let after =
             Optim::new(&c, &model).step(c.learning_rate * k, model.clone(), grads(&model), 0.0);
-        let largest_change = |before: Vec<f32>, after: Vec<f32>| {
-            before
-                .iter()
-                .zip(&after)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max)
-        };
+        let largest_change =
+            |before: Vec<f32>, after: Vec<f32>| cinder_testing::max_diff(&before, &after);
         // AdamW's first step moves each entry by its group's rate (Adam's m / sqrt(v) is ±1).
         let wte = largest_change(vals(model.wte.weight.val()), vals(after.wte.weight.val()));
         assert!((wte - 0.01 * 0.5).abs() < 1e-6, "embeddings moved {wte}");
@@ -348,7 +341,8 @@ mod tests {
         assert!((gains - 1e-3 * 0.5).abs() < 1e-7, "gains moved {gains}");
         // q/k/v: decayed, then Muon's update of three matrices at muon_lr.
         let lr = (0.02 * 0.5) as f32;
-        let u = cinder_model::ops::muon::orthogonalised(qkv_grad * (1.0 - 0.95 * 0.95), 3);
+        let widths = model.config.qkv_layout().widths();
+        let u = cinder_model::ops::muon::orthogonalised(qkv_grad * (1.0 - 0.95 * 0.95), &widths);
         let expected: Vec<f32> = vals(qkv.val())
             .iter()
             .zip(vals(u))

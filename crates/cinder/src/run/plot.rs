@@ -7,6 +7,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use crate::run::metrics::Row;
+use crate::run::report::{EvalReport, Observer, StepReport};
 use crate::storage::names;
 
 /// The font travels inside the binary: no system font is needed on a bare machine.
@@ -115,12 +116,8 @@ pub struct LossPlot {
     pub title: String,
 }
 
-impl crate::run::trainer::Observer for LossPlot {
-    fn step(
-        &mut self,
-        _s: &crate::run::trainer::StepReport,
-        eval: Option<&crate::run::trainer::EvalReport>,
-    ) {
+impl Observer for LossPlot {
+    fn step(&mut self, _s: &StepReport, eval: Option<&EvalReport>) {
         if eval.is_none() {
             return;
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use cinder_data::Split;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::run::trainer::{EvalReport, Observer, StepReport};
+use crate::run::report::{EvalReport, Observer, StepReport};
 
 /// How much `train` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,21 +8,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::cli::{Overrides, adopt_architecture, apply_on_resume};
-use crate::config::TrainConfig;
+use crate::config::{TokenizerKind, TrainConfig};
 use crate::data::{TokenizerChoice, TrainingData};
 use crate::device::Backend;
-use crate::run::folder::RunLock;
 use crate::run::trainer::Trainer;
 use crate::storage::checkpoint;
 use crate::storage::names::{self, BEST, LATEST, READ};
+use crate::storage::run_folder::{RUNS, RunLock};
 
 /// The config file a run uses when none is named.
 pub const DEFAULT_CONFIG: &str = "configs/tiny_cpu.toml";
 /// The text a run trains on when none is named.
 pub const DEFAULT_DATA: &str = "data/tinyshakespeare.txt";
-/// Where run folders go when `--out` is not given: `<RUNS>/<config file name>`.
-pub const RUNS: &str = "checkpoints";
-/// The default run's folder, which the readers (`generate`, `evaluate`, ...) take by default.
+/// The default run's folder, which the readers (`generate`, `evaluate`, ...) take by default:
+/// the default config's under [`RUNS`].
 pub const DEFAULT_RUN: &str = "checkpoints/tiny_cpu";
 
 /// What `train` was asked for.
@@ -211,7 +210,7 @@ fn resume(
     backend: Backend,
     say: &dyn Fn(String),
 ) -> anyhow::Result<(Trainer, RunLock)> {
-    if checkpoint::is_gpt2(from) {
+    if checkpoint::is_hugging_face(from) {
         return Err(checkpoint::CheckpointError::NoTrainingState(from.to_path_buf()).into());
     }
     // The run folder: the checkpoint's parent, or the folder named while it has no checkpoint
@@ -263,7 +262,7 @@ fn resume(
     // A character run rebuilds its vocabulary from the text, to compare; a BPE run reads its
     // prepared token files with its own tokenizer.
     let choice = match &saved {
-        cinder_data::Tokenizer::Char(_) => TokenizerChoice::Char,
+        cinder_data::Tokenizer::Char(_) => TokenizerChoice::New(TokenizerKind::Char),
         other => TokenizerChoice::Keep(Box::new(other.clone())),
     };
     let data = TrainingData::open(

@@ -12,9 +12,12 @@ use cinder_model::{DropoutKey, Gpt, Ops};
 use crate::config::TrainConfig;
 use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
+use crate::run::eval;
 use crate::run::optim::Optim;
+use crate::run::pool::in_pool;
+use crate::run::report::{EvalReport, Observer, Phases, StepReport};
 use crate::run::schedule::learning_rate;
-use crate::run::{eval, samples};
+use crate::sampling;
 use crate::storage::checkpoint::{self, CheckpointError, Meta};
 use crate::storage::faults;
 use crate::storage::names::{BEST, LATEST};
@@ -31,87 +34,6 @@ pub enum TrainError {
     NonFinite { iter: u64, loss: f32 },
     #[error("invalid model configuration: {0}")]
     Model(#[from] cinder_model::ConfigError),
-}
-
-/// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
-pub trait Observer {
-    /// After every optimiser step, with the evaluation that followed it, if one did.
-    fn step(&mut self, _s: &StepReport, _eval: Option<&EvalReport>) {}
-    /// After a checkpoint is written.
-    fn checkpoint(&mut self, _kind: &str, _path: &Path, _iter: u64) {}
-    /// While evaluating: batches done of the total for one split.
-    fn eval_progress(&mut self, _split: Split, _done: usize, _total: usize) {}
-}
-
-/// Nothing reported.
-impl Observer for () {}
-
-/// Both observers, in turn.
-impl<A: Observer, B: Observer> Observer for (A, B) {
-    fn step(&mut self, s: &StepReport, eval: Option<&EvalReport>) {
-        self.0.step(s, eval);
-        self.1.step(s, eval);
-    }
-    fn checkpoint(&mut self, kind: &str, path: &Path, iter: u64) {
-        self.0.checkpoint(kind, path, iter);
-        self.1.checkpoint(kind, path, iter);
-    }
-    fn eval_progress(&mut self, split: Split, done: usize, total: usize) {
-        self.0.eval_progress(split, done, total);
-        self.1.eval_progress(split, done, total);
-    }
-}
-
-/// One optimiser step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepReport {
-    /// The iteration that just ran (from 0).
-    pub iter: u64,
-    pub loss: f32,
-    pub lr: f64,
-    /// Seconds this step took.
-    pub seconds: f64,
-    pub tokens: usize,
-    /// Seconds of each phase of the step, summed over its micro-batches.
-    pub phases: Phases,
-}
-
-/// Where a step's time goes (`bench breakdown` reports the medians).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Phases {
-    /// Drawing the batches and making their tensors.
-    pub batch: f64,
-    /// The forward pass and the loss, read back.
-    pub forward_loss: f64,
-    /// The backward pass and the accumulation of gradients.
-    pub backward: f64,
-    /// Clipping and the optimizer's update.
-    pub clip_adamw: f64,
-}
-
-impl Phases {
-    /// Each phase's name (as in `bench breakdown`'s JSON keys, less `_ms`) and seconds.
-    pub fn named(&self) -> [(&'static str, f64); 4] {
-        [
-            ("batch", self.batch),
-            ("forward_loss", self.forward_loss),
-            ("backward", self.backward),
-            ("clip_adamw", self.clip_adamw),
-        ]
-    }
-}
-
-/// One evaluation of both splits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EvalReport {
-    /// Iterations completed when evaluated.
-    pub iter: u64,
-    pub train_loss: f32,
-    pub val_loss: f32,
-    /// Whether this is the best validation loss so far.
-    pub improved: bool,
-    /// What the model writes now (`sample_tokens` of it; none when that is 0).
-    pub sample: Option<String>,
 }
 
 /// How a call to [`Trainer::run`] ended.
@@ -352,11 +274,10 @@ impl Trainer {
 
     /// One optimiser step (iteration `self.iter`), over `gradient_accumulation_steps`
     /// micro-batches. Its batches and dropout masks depend only on (seed, iteration).
+    /// The whole step runs in the pool ([`in_pool`]): its kernels' loops start without a
+    /// hand-off.
     pub fn step(&mut self) -> StepReport {
-        // Run on one of rayon's threads: the kernels' parallel loops then start from inside the
-        // pool, where a loop too small to split runs in place; from any other thread, every
-        // loop is a hand-off to the pool and back (measured in BENCHMARKS.md).
-        eval::in_pool(|| self.step_in_pool())
+        in_pool(|| self.step_in_pool())
     }
 
     fn step_in_pool(&mut self) -> StepReport {
@@ -415,7 +336,7 @@ impl Trainer {
     }
 
     /// Mean loss on both splits over `eval_iters` batches, in inference mode, and a sample of
-    /// the model's text ([`samples::sample`]); `None` if `stop` was set meanwhile.
+    /// the model's text ([`sampling::sample`]); `None` if `stop` was set meanwhile.
     pub fn evaluate(&self, observer: &mut dyn Observer, stop: &AtomicBool) -> Option<EvalReport> {
         let c = self.config.clone();
         let batcher = Batcher::new(c.seed, c.batch_size, c.block_size);
@@ -441,7 +362,7 @@ impl Trainer {
         let train_loss = loss(Split::Train)?;
         let val_loss = loss(Split::Val)?;
         let sample = (c.sample_tokens > 0).then(|| {
-            samples::sample(
+            sampling::sample(
                 &model,
                 &self.tokenizer,
                 c.sample_tokens,

@@ -1,11 +1,15 @@
 //! Sampling text: the decoding loop over the model's key/value cache ([`generate`]), the choice
-//! of each next token from the logits ([`SamplingParams`]), and the prompt's tokens
-//! ([`prompt_ids`]).
+//! of each next token from the logits ([`SamplingParams`]), the prompt's tokens
+//! ([`prompt_ids`]), and the text `generate` prints by default ([`sample`]).
 
 pub mod generate;
 mod params;
 
+use burn::prelude::*;
 use cinder_data::{EncodeError, Tokenizer};
+use cinder_model::Gpt;
+
+use generate::GenerateOptions;
 
 pub use params::{DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams, argmax};
 
@@ -43,4 +47,39 @@ pub fn prompt_ids(
         return Err(PromptError::Empty);
     }
     Ok(ids)
+}
+
+/// `tokens` tokens of `model` after `generate`'s default prompt, with its default temperature
+/// and top-k and with `seed`: the text `generate --seed <seed> --max-new-tokens <tokens>` prints.
+/// A run samples it at each evaluation (its `samples.jsonl`), on a random stream of its own: the
+/// run's losses do not change.
+pub fn sample(
+    model: &Gpt,
+    tokenizer: &Tokenizer,
+    tokens: usize,
+    seed: u64,
+    device: &Device,
+) -> String {
+    // A vocabulary without the prompt's newline starts from its first token.
+    let prompt = tokenizer
+        .encode(DEFAULT_PROMPT)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| vec![0]);
+    let opts = GenerateOptions {
+        max_new_tokens: tokens,
+        num_samples: 1,
+        sampling: SamplingParams {
+            temperature: DEFAULT_TEMPERATURE,
+            top_k: Some(DEFAULT_TOP_K),
+            top_p: None,
+        },
+        seed,
+        use_cache: true,
+        tokens: tokenizer.vocab_size(),
+    };
+    let new = generate::generate(model, &prompt, &opts, device, |_, _| {});
+    let mut all = prompt;
+    all.extend(&new[0]);
+    tokenizer.decode(&all)
 }

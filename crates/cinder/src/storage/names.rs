@@ -19,11 +19,11 @@ pub const READ: [&str; 2] = [BEST, LATEST];
 pub const METRICS: &str = "metrics.csv";
 /// The run's resolved configuration, written when it starts.
 pub const CONFIG: &str = "config.toml";
-/// A short text sampled at each evaluation, a JSON object a line (`crate::run::samples`).
+/// A short text sampled at each evaluation, a JSON object a line (`crate::storage::samples`).
 pub const SAMPLES: &str = "samples.jsonl";
 /// The loss curve, redrawn at each evaluation.
 pub const PLOT: &str = "loss.png";
-/// The lock file that keeps a second trainer out (`crate::run::folder`).
+/// The lock file that keeps a second trainer out (`crate::storage::run_folder`).
 pub const LOCK: &str = "train.lock";
 /// The folder where a run prepares its token files when it needs them.
 pub const PREPARED: &str = "data";

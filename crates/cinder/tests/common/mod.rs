@@ -224,15 +224,6 @@ pub fn make_format_1(dir: &Path) {
     std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
 }
 
-/// The largest absolute difference between two equally long slices.
-pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 /// Every file under `dir` with its contents, to see that a refused command touched nothing.
 /// The lock file is left out: a trainer that finds the folder free holds it for a moment, and
 /// writes its process id there, before it refuses an old run.
@@ -252,4 +243,27 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     }
     all.sort();
     all
+}
+
+/// Every tensor of an F32 safetensors file, by name with `prefix` taken off, as its shape and
+/// values.
+pub fn read_tensors(
+    path: &Path,
+    prefix: &str,
+) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let name = name.trim_start_matches(prefix).to_string();
+            (name, (view.shape().to_vec(), values))
+        })
+        .collect()
 }

@@ -11,9 +11,10 @@ use crate::config::TrainConfig;
 /// The checkpoint layout this build writes; it reads this version and older ones.
 /// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
 /// and `data_paths`; version 4 the model options (`position`, `norm`, `qk_norm`,
-/// `logit_softcap`, `tie_embeddings`, `zero_init`) and Muon's `head_lr`. A field an older
-/// checkpoint lacks takes [`TrainConfig`]'s default, which is the behaviour before it existed.
-pub const FORMAT_VERSION: u32 = 4;
+/// `logit_softcap`, `tie_embeddings`, `zero_init`) and Muon's `head_lr`; version 5 `n_kv_head`
+/// (grouped-query attention). A field an older checkpoint lacks takes [`TrainConfig`]'s
+/// default, which is the behaviour before it existed.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Size and checksum of one file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +71,7 @@ impl Meta {
     }
 
     /// The training data's paths, as the run was given them.
-    /// None for a GPT-2 folder.
+    /// None for a Hugging Face folder.
     pub fn data_paths(&self) -> Vec<PathBuf> {
         if self.data_paths.is_empty() && self.data_path.as_os_str().is_empty() {
             Vec::new()

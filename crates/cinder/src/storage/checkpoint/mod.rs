@@ -32,7 +32,7 @@ pub use meta::{FORMAT_VERSION, FileSum, Meta};
 pub use read::{Loaded, load, load_meta, load_model, load_optimizer, load_tokenizer, load_weights};
 pub use write::save;
 
-use crate::storage::gpt2::{self, Gpt2Error};
+use crate::storage::hf::{self, HfError};
 use crate::storage::names::{self, META};
 
 /// Why a checkpoint could not be written or read.
@@ -69,13 +69,13 @@ pub enum CheckpointError {
     )]
     NewerFormat { path: PathBuf, found: u32 },
     #[error(
-        "{} is a Hugging Face GPT-2 folder: it holds weights but no training state to resume; \
+        "{} is a Hugging Face folder: it holds weights but no training state to resume; \
          start a new run from it with --init-from",
         .0.display()
     )]
     NoTrainingState(PathBuf),
     #[error(transparent)]
-    Gpt2(#[from] Gpt2Error),
+    Hf(#[from] HfError),
 }
 
 /// The checkpoint folder that `path` names: the folder itself if it holds a checkpoint, else its
@@ -94,16 +94,16 @@ pub fn resolve(path: &Path, prefer: &[&str]) -> Result<PathBuf, CheckpointError>
         .ok_or_else(|| CheckpointError::NotACheckpoint(path.to_path_buf()))
 }
 
-/// Whether `dir` is a Hugging Face GPT-2 folder (see [`gpt2`]) rather than a checkpoint: the
+/// Whether `dir` is a Hugging Face folder (GPT-2 or NanoChat, see [`hf`]) rather than a checkpoint: the
 /// functions here read its weights and tokenizer as a checkpoint's, at iteration 0.
-pub fn is_gpt2(dir: &Path) -> bool {
-    !dir.join(META).exists() && gpt2::is_folder(dir)
+pub fn is_hugging_face(dir: &Path) -> bool {
+    !dir.join(META).exists() && hf::is_folder(dir)
 }
 
-/// `dir` if it holds a checkpoint (or is a GPT-2 folder), or the previous checkpoint that a
+/// `dir` if it holds a checkpoint (or is a Hugging Face folder), or the previous checkpoint that a
 /// crash between the two renames of [`save`] left as `.<name>.old`.
 fn checkpoint_at(dir: &Path) -> Option<PathBuf> {
-    if dir.join(META).is_file() || is_gpt2(dir) {
+    if dir.join(META).is_file() || is_hugging_face(dir) {
         return Some(dir.to_path_buf());
     }
     let old = names::old(dir);

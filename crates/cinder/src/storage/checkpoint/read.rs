@@ -12,7 +12,7 @@ use cinder_data::Tokenizer;
 use cinder_data::tokenizer::TOKENIZER_JSON;
 use cinder_model::{Gpt, GptConfig};
 
-use crate::storage::gpt2::{self};
+use crate::storage::hf;
 use crate::storage::names::{META, MODEL, OPTIMIZER};
 
 use super::*;
@@ -78,8 +78,8 @@ impl CheckpointError {
 
 /// Reads and checks `meta.json` of the checkpoint folder `dir`.
 pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
-    if is_gpt2(dir) {
-        let (config, tokenizer) = gpt2::read_config(dir)?;
+    if is_hugging_face(dir) {
+        let (config, tokenizer) = hf::read_config(dir)?;
         return Ok(Meta::new(&config, &tokenizer, "huggingface", 0));
     }
     let path = dir.join(META);
@@ -105,8 +105,8 @@ pub fn load_meta(dir: &Path) -> Result<Meta, CheckpointError> {
 
 /// The tokenizer of the checkpoint `dir` (reading its `tokenizer.json`, checked, for BPE).
 pub fn load_tokenizer(dir: &Path, meta: &Meta) -> Result<Tokenizer, CheckpointError> {
-    if is_gpt2(dir) {
-        // Its meta (from `gpt2::read_config`) names its tokenizer.json, which has no checksum.
+    if is_hugging_face(dir) {
+        // Its meta (from `hf::read_config`) names its tokenizer.json, which has no checksum.
         return meta
             .vocab
             .load_from(dir)
@@ -151,8 +151,8 @@ pub fn load_weights(
     config: &GptConfig,
     device: &Device,
 ) -> Result<Gpt, CheckpointError> {
-    if is_gpt2(dir) {
-        return Ok(gpt2::load_weights(dir, config, device)?);
+    if is_hugging_face(dir) {
+        return Ok(hf::load_weights(dir, config, device)?);
     }
     let path = dir.join(MODEL);
     let bytes = read_checked(dir, meta, MODEL)?;
@@ -176,7 +176,7 @@ pub fn load_optimizer(
     meta: &Meta,
     optim: ModuleOptimizer,
 ) -> Result<ModuleOptimizer, CheckpointError> {
-    if is_gpt2(dir) {
+    if is_hugging_face(dir) {
         return Err(CheckpointError::NoTrainingState(dir.to_path_buf()));
     }
     let bytes = read_checked(dir, meta, OPTIMIZER)?;

@@ -1,4 +1,5 @@
-//! The run folder: one trainer at a time, and no run replaced by accident.
+//! The run folder: where run folders go by default, one trainer at a time, and no run replaced
+//! by accident.
 //!
 //! `train` takes an OS advisory lock on `train.lock` inside the run folder before it writes
 //! anything there, and writes its process id into that file. The OS releases the lock when the
@@ -10,6 +11,10 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use crate::storage::names::{self, LOCK};
+
+/// Where run folders go when `train` is not given `--out`: `<RUNS>/<config file name>`; and
+/// where `serve` looks for runs unless given `--runs`.
+pub const RUNS: &str = "checkpoints";
 
 /// Why a run folder cannot be used.
 #[derive(Debug, thiserror::Error)]
