@@ -3,15 +3,19 @@
 //!
 //! - [`models`]: which models are offered, under which ids, and loading them;
 //! - [`engine`]: the generation worker and its queue;
-//! - [`api`]: OpenAI's request, response and error objects;
-//! - [`routes`]: the HTTP side of the API;
+//! - [`api`]: OpenAI's request, response and error objects (the engine's errors among them);
+//! - [`app`]: what every handler shares;
+//! - [`routes`]: the HTTP side of the API, with [`sse`] for streams and [`log`] for log lines;
 //! - [`web`]: the page and the JSON it reads, from [`runs`]: what a run folder shows.
 
 mod api;
+mod app;
 mod engine;
+mod log;
 mod models;
 mod routes;
 mod runs;
+mod sse;
 mod web;
 
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +27,7 @@ use std::time::Duration;
 use anyhow::Context;
 use cinder::cli::{RunOn, exit_on_error};
 use cinder::device::Backend;
-use cinder::run::start::RUNS;
+use cinder::storage::run_folder::RUNS;
 use clap::Parser;
 
 /// Serve a web page to watch runs train and try their models (open the address it prints), and
@@ -42,7 +46,7 @@ struct Args {
     /// Folder of run folders to serve [default: checkpoints]
     #[arg(long, value_name = "DIR")]
     runs: Option<PathBuf>,
-    /// A checkpoint, run folder or Hugging Face GPT-2 folder to serve too (repeatable)
+    /// A checkpoint, run folder or Hugging Face folder (GPT-2 or NanoChat) to serve too (repeatable)
     #[arg(long, value_name = "DIR")]
     checkpoint: Vec<PathBuf>,
     /// Address to listen on (loopback: only this machine)
@@ -130,7 +134,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let loaded = models.loaded_info.clone();
     let queue = engine::Queue::start(models, args.max_batch, args.queue);
     let load = queue.load.clone();
-    let app = routes::App {
+    let app = app::App {
         queue,
         catalog,
         loaded,
@@ -143,7 +147,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             timeout: Duration::from_secs_f64(args.timeout),
         },
         api_key: args.api_key.as_deref().map(Arc::from),
-        started: routes::now(),
+        started: api::now(),
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let offered = app.catalog.all().len();

@@ -13,8 +13,6 @@ use cinder::storage::names::{META, READ};
 use cinder_data::Tokenizer;
 use cinder_model::{Gpt, Ops};
 
-use crate::api::ApiError;
-
 /// How deep under `--runs` run folders are looked for.
 const MAX_DEPTH: usize = 4;
 
@@ -26,7 +24,9 @@ pub enum ModelsError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{0} holds no checkpoint (meta.json), run folder (best/ or latest/) or GPT-2 folder")]
+    #[error(
+        "{0} holds no checkpoint (meta.json), run folder (best/ or latest/) or Hugging Face folder"
+    )]
     NotACheckpoint(PathBuf),
     #[error(
         "two models would have the id {id:?}: {first} and {second}; name a folder of another \
@@ -37,6 +37,17 @@ pub enum ModelsError {
         first: PathBuf,
         second: PathBuf,
     },
+}
+
+/// A model that cannot be served. Each message is written for the client that asked for it.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// No model has this id.
+    #[error("there is no model {0:?} here: GET /v1/models lists them")]
+    NotFound(String),
+    /// Its checkpoint does not load: why is logged, as it names the server's files.
+    #[error("model {0} cannot be loaded: see the server's log")]
+    Unloadable(String),
 }
 
 /// Where each model id's folder is (a run folder, read at its best/, else latest/).
@@ -76,14 +87,17 @@ fn discover(
     Ok(ids)
 }
 
-/// Adds the run folders at or under `dir` (not looking inside a run folder).
+/// Adds the run folders at or under `dir` (not looking inside a run folder): folders whose
+/// `best/` or `latest/` holds a checkpoint or a Hugging Face folder (as `continue_in_pytorch.py`
+/// writes), and Hugging Face folders themselves.
 fn walk(
     root: &Path,
     dir: &Path,
     depth: usize,
     found: &mut Vec<(String, PathBuf)>,
 ) -> Result<(), ModelsError> {
-    if READ.iter().any(|name| dir.join(name).join(META).is_file()) {
+    let holds = |d: &Path| d.join(META).is_file() || checkpoint::is_hugging_face(d);
+    if checkpoint::is_hugging_face(dir) || READ.iter().any(|name| holds(&dir.join(name))) {
         let id = dir.strip_prefix(root).unwrap_or(dir);
         let id = if id.as_os_str().is_empty() {
             // --runs is itself a run folder.
@@ -186,9 +200,10 @@ impl Catalog {
         })
     }
 
-    /// The folder of model `id`, or a 404.
-    pub fn find(&self, id: &str) -> Result<PathBuf, ApiError> {
-        self.path(id).ok_or_else(|| ApiError::no_model(id))
+    /// The folder of model `id`.
+    pub fn find(&self, id: &str) -> Result<PathBuf, ModelError> {
+        self.path(id)
+            .ok_or_else(|| ModelError::NotFound(id.to_string()))
     }
 }
 
@@ -219,7 +234,7 @@ impl Stamp {
         let written = if dir.join(META).is_file() {
             dir.join(META)
         } else {
-            dir.clone() // a GPT-2 folder
+            dir.clone() // a Hugging Face folder
         };
         Some(Self {
             file: crate::runs::file_id(&written),
@@ -272,7 +287,7 @@ impl Models {
     /// loaded or its run has written a newer checkpoint since (unloading the least recently
     /// used model first when `max_loaded` are). A request that holds the older model finishes
     /// with it.
-    pub fn get(&mut self, id: &str) -> Result<Arc<Loaded>, ApiError> {
+    pub fn get(&mut self, id: &str) -> Result<Arc<Loaded>, ModelError> {
         let path = self.catalog.find(id)?;
         let stamp = Stamp::of(&path);
         let at = self.loaded.iter().position(|(i, _)| i == id);
@@ -291,7 +306,7 @@ impl Models {
             self.show_loaded();
             let loaded = checkpoint::load(&path, &READ, &self.device).map_err(|e| {
                 eprintln!("cannot load model {id} from {}: {e}", path.display());
-                ApiError::server(format!("model {id} cannot be loaded: see the server's log"))
+                ModelError::Unloadable(id.to_string())
             })?;
             self.loaded.push((
                 id.to_string(),

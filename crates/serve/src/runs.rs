@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use cinder::run::folder::trainer_pid;
-use cinder::run::samples::{self, Sample};
 use cinder::storage::checkpoint::{self, Meta};
 use cinder::storage::names::{BEST, CONFIG, LATEST, METRICS, MODEL, SAMPLES};
+use cinder::storage::run_folder::trainer_pid;
+use cinder::storage::samples::{self, Sample};
 use serde::Serialize;
 use serde_json::{Value, json};
 

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::ApiError;
-use crate::routes::App;
+use crate::app::{App, read_body};
 use crate::runs::{self, Cursor};
 
 /// The page's files: path, media type, content. uPlot (MIT licence, served beside it) draws the
@@ -52,8 +52,8 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ),
 ];
 
-/// Characters of text whose attention maps may be asked for (the maps keep the first
-/// [`crate::engine::MAX_ATTENTION_TOKENS`] tokens).
+/// Characters of text whose attention maps may be asked for (the maps keep the first tokens:
+/// the engine's `MAX_ATTENTION_TOKENS`).
 const MAX_ATTENTION_CHARS: usize = 4096;
 
 /// The page and its JSON.
@@ -145,7 +145,7 @@ struct AttentionRequest {
 /// `POST /api/attention` `{"model", "text"}`: `inspect`'s maps, `{"tokens", "weights"}` with
 /// `weights[layer][head][query][key]`.
 async fn attention(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
-    let body = crate::routes::read_body(body).await?;
+    let body = read_body(body).await?;
     let request: AttentionRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::malformed(format!(
             "the body must be {{\"model\": ..., \"text\": ...}}: {e}"

@@ -189,6 +189,18 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         bad("logit_bias", json!({"1": 5})),
         bad("suffix", json!("end")),
         bad("presence_penalty", json!(0.5)),
+        // Other servers' samplers, refused by name rather than silently off.
+        bad("min_p", json!(0.1)),
+        bad("repetition_penalty", json!(1.2)),
+        // A misspelt or unknown parameter is refused by name, as OpenAI's API does.
+        bad("temprature", json!(0.5)),
+        bad("stop_sequences", json!(["a"])),
+        (
+            with("stream_options", json!({"include_usag": true})),
+            400,
+            json!("stream_options.include_usag"),
+            "invalid_value",
+        ),
         (
             with("model", json!("nope")),
             404,
@@ -228,6 +240,11 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let (status, whole) = server.complete(&ok);
     assert_eq!(status, 200, "{whole}");
     assert_eq!(whole["usage"]["completion_tokens"], 16); // OpenAI's default max_tokens
+    // OpenAI's own fields at their neutral values, and its `user`, are accepted.
+    let neutral = json!({"model": "tiny", "prompt": "ROMEO:", "user": "someone", "min_p": 0,
+        "repetition_penalty": 1, "presence_penalty": 0, "logprobs": null, "echo": false});
+    let (status, whole) = server.complete(&neutral);
+    assert_eq!(status, 200, "{whole}");
     // No prompt, or an empty one, samples from the start (generate's default prompt).
     for body in [
         json!({"model": "tiny"}),
@@ -283,14 +300,8 @@ fn models_health_ids_and_the_api_key() {
         dir.path(),
         &["--runs", "runs", "--checkpoint", latest.to_str().unwrap()],
     );
+    assert_eq!(server.model_ids(), ["latest", "tiny"]);
     let (_, models) = server.get("/v1/models");
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["latest", "tiny"]);
     assert_eq!(models["data"][0]["object"], "model");
 
     // The key from the environment works as --api-key does.
@@ -490,13 +501,39 @@ fn concurrent_requests_are_decoded_together_each_with_generates_text() {
     let run = trained_run(dir.path());
     let max = LONG.to_string();
     let server = Server::start(dir.path(), &["--runs", "runs", "--max-tokens", &max]);
-    // Four open streams: all generate at once, none waits.
+    // Four open streams: all generate at once, none waits...
     let open: Vec<_> = (0..4).map(|_| busy_stream(&server)).collect();
     let (_, health) = server.get("/health");
     assert_eq!(
         health["requests"],
         json!({"active": 4, "queued": 0}),
         "{health}"
+    );
+    // ... in the same forward passes: each pass decodes all four rows. Requests that took turns
+    // (a pass each) would pass the check above, not this one.
+    let decoding = |health: &Value| {
+        let count = |name: &str| health["decoding"][name].as_u64().unwrap();
+        (count("passes"), count("rows"), count("widest"))
+    };
+    let (passes, rows, _) = decoding(&health);
+    let since = Instant::now();
+    let (more_passes, more_rows, widest) = loop {
+        let (_, health) = server.get("/health");
+        let (p, r, widest) = decoding(&health);
+        if p >= passes + 100 {
+            break (p - passes, r - rows, widest);
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "the streams stalled: {health}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The counts are read while passes go on: a pass's rows may be counted before the pass.
+    let per_pass = more_rows as f64 / more_passes as f64;
+    assert!(
+        per_pass > 3.9 && per_pass < 4.1 && widest == 4,
+        "{more_rows} rows in {more_passes} passes, {widest} in the widest"
     );
     drop(open);
 
@@ -537,4 +574,40 @@ fn concurrent_requests_are_decoded_together_each_with_generates_text() {
             .collect();
         assert_eq!(texts, expected, "{prompt:?}, seed {seed}, n {n}");
     }
+}
+
+/// Hugging Face folders under `--runs` are models too: an exported folder itself, and a folder
+/// whose `latest/` is one (as `scripts/continue_in_pytorch.py` writes).
+#[test]
+fn hugging_face_folders_under_runs_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let export = common::train_binary().with_file_name("export");
+    let runs = dir.path().join("runs");
+    for out in [runs.join("exported"), runs.join("continued").join("latest")] {
+        let status = std::process::Command::new(&export)
+            .arg("--checkpoint")
+            .arg(&run)
+            .arg("--out")
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+    let ids = server.model_ids();
+    assert_eq!(ids, ["continued", "exported", "tiny"]);
+    let request = json!({"prompt": "ROMEO:", "max_tokens": 8, "temperature": 0});
+    let mut texts = Vec::new();
+    for model in ids {
+        let mut request = request.clone();
+        request["model"] = json!(model);
+        let (status, body) = server.complete(&request);
+        assert_eq!(status, 200, "{model}: {body}");
+        texts.push(body["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    assert!(
+        texts.iter().all(|t| *t == texts[0]),
+        "the same model: {texts:?}"
+    );
 }

@@ -12,11 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use cinder::sampling::SamplingParams;
-use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
 mod common;
+mod webdriver;
 use common::{Server, generated, train, train_binary};
+use webdriver::Session;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -58,57 +59,43 @@ fn screenshots() -> Option<PathBuf> {
     std::env::var_os("CINDER_SCREENSHOTS").map(PathBuf::from)
 }
 
-async fn connect(driver: &Driver) -> Client {
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert(
-        "goog:chromeOptions".into(),
+fn connect(driver: &Driver) -> Session {
+    Session::connect(
+        &driver.1,
         json!({
-            "binary": CHROMIUM,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1280,1000"],
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,1000"],
+            }
         }),
-    );
-    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    // ChromeDriver takes a moment to listen.
-    let mut last = String::new();
-    for _ in 0..100 {
-        match ClientBuilder::new(connector.clone())
-            .capabilities(capabilities.clone())
-            .connect(&driver.1)
-            .await
-        {
-            Ok(client) => return client,
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("cannot reach ChromeDriver at {}: {last}", driver.1)
+    )
 }
 
 /// The text of the element at `css` once `ready` holds for it (at most 30 s).
-async fn text_when(client: &Client, css: &str, ready: impl Fn(&str) -> bool) -> String {
+fn text_when(client: &Session, css: &str, ready: impl Fn(&str) -> bool) -> String {
     let mut text = String::new();
     for _ in 0..300 {
-        if let Ok(element) = client.find(Locator::Css(css)).await {
-            text = element.text().await.unwrap_or_default();
+        if let Ok(element) = client.find(css) {
+            text = element.text().unwrap_or_default();
             if ready(&text) {
                 return text;
             }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::thread::sleep(Duration::from_millis(100));
     }
     panic!("{css} never got ready; last text {text:?}")
 }
 
-async fn attribute(client: &Client, css: &str, name: &str) -> Option<String> {
-    let element = client.find(Locator::Css(css)).await.ok()?;
-    element.attr(name).await.ok().flatten()
+fn attribute(client: &Session, css: &str, name: &str) -> Option<String> {
+    let element = client.find(css).ok()?;
+    element.attr(name).ok().flatten()
 }
 
-async fn screenshot(client: &Client, name: &str) {
+fn screenshot(client: &Session, name: &str) {
     if let Some(dir) = screenshots() {
         std::fs::create_dir_all(&dir).unwrap();
-        let png = client.screenshot().await.unwrap();
+        let png = client.screenshot().unwrap();
         std::fs::write(dir.join(name), png).unwrap();
     }
 }
@@ -143,73 +130,55 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
         ],
     );
     let server = Server::start(dir.path(), &["--runs", "runs"]);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let client = connect(&driver).await;
+    {
+        let client = connect(&driver);
 
         // The runs: one, idle, with its iterations.
-        client.goto(&format!("{}/#/", server.url)).await.unwrap();
+        client.goto(&format!("{}/#/", server.url)).unwrap();
         let row = text_when(&client, r#"tr[data-run="shakespeare"]"#, |t| {
             t.contains("300")
-        })
-        .await;
+        });
         assert!(row.contains("idle") && row.contains("2L 4H 64C"), "{row}");
 
         // Its page: the curve (60 rows), the samples newest first, the config.
         client
-            .find(Locator::Css(r#"tr[data-run="shakespeare"] a"#))
-            .await
+            .find(r#"tr[data-run="shakespeare"] a"#)
             .unwrap()
             .click()
-            .await
             .unwrap();
-        text_when(&client, "#samples", |t| t.contains("iteration 300")).await;
-        let samples = client
-            .find_all(Locator::Css("#samples .sample"))
-            .await
-            .unwrap();
+        text_when(&client, "#samples", |t| t.contains("iteration 300"));
+        let samples = client.find_all("#samples .sample").unwrap();
         let mut iters = Vec::new();
         for sample in samples {
-            iters.push(sample.attr("data-iter").await.unwrap().unwrap());
+            iters.push(sample.attr("data-iter").unwrap().unwrap());
         }
         assert_eq!(iters, ["300", "200", "100"]);
-        let config = text_when(&client, "#config", |t| t.contains("n_embd")).await;
+        let config = text_when(&client, "#config", |t| t.contains("n_embd"));
         assert!(config.contains("n_embd = 64"), "{config}");
         for _ in 0..100 {
-            if attribute(&client, "#curve", "data-rows").await.as_deref() == Some("60") {
+            if attribute(&client, "#curve", "data-rows").as_deref() == Some("60") {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::thread::sleep(Duration::from_millis(100));
         }
         assert_eq!(
-            attribute(&client, "#curve", "data-rows").await.as_deref(),
+            attribute(&client, "#curve", "data-rows").as_deref(),
             Some("60")
         );
-        assert!(client.find(Locator::Css("#curve canvas")).await.is_ok());
-        screenshot(&client, "run.png").await;
+        assert!(client.find("#curve canvas").is_ok());
+        screenshot(&client, "run.png");
 
         // The attention maps of the default text: a layer and a head to choose.
-        client
-            .find(Locator::Css("#attention-go"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        text_when(&client, "#head", |t| t.contains('3')).await;
-        let layers = client
-            .find_all(Locator::Css("#layer option"))
-            .await
-            .unwrap();
+        client.find("#attention-go").unwrap().click().unwrap();
+        text_when(&client, "#head", |t| t.contains('3'));
+        let layers = client.find_all("#layer option").unwrap();
         assert_eq!(layers.len(), 2);
         let drawn = client
             .execute(
                 "const c = document.querySelector('#attention-map'); \
                  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
                  let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] < 200) n++; return n;",
-                vec![],
             )
-            .await
             .unwrap();
         assert!(drawn.as_u64().unwrap() > 1000, "the map is blank: {drawn}");
 
@@ -223,51 +192,33 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
             .unwrap();
         let mut grown = false;
         for _ in 0..300 {
-            let rows = attribute(&client, "#curve", "data-rows").await;
+            let rows = attribute(&client, "#curve", "data-rows");
             if rows.as_deref() == Some("80") {
                 grown = true;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::thread::sleep(Duration::from_millis(100));
         }
         assert!(trainer.wait().unwrap().success());
         assert!(grown, "the curve did not follow the run to iteration 400");
 
         // The playground: the text streams in, the same as generate's for the seed.
-        client
-            .find(Locator::Css("#open-playground"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        text_when(&client, "#model", |t| t.contains("shakespeare")).await;
+        client.find("#open-playground").unwrap().click().unwrap();
+        text_when(&client, "#model", |t| t.contains("shakespeare"));
         for (css, value) in [
             ("#prompt", "ROMEO:"),
             ("#seed", "5"),
             ("#max_tokens", "150"),
         ] {
-            let field = client.find(Locator::Css(css)).await.unwrap();
-            field.clear().await.unwrap();
-            field.send_keys(value).await.unwrap();
+            let field = client.find(css).unwrap();
+            field.clear().unwrap();
+            field.send_keys(value).unwrap();
         }
-        client
-            .find(Locator::Css("#generate"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        text_when(&client, "#finish", |t| t.contains("stopped")).await;
-        let speed = text_when(&client, "#speed", |t| t.contains("tokens/s")).await;
+        client.find("#generate").unwrap().click().unwrap();
+        text_when(&client, "#finish", |t| t.contains("stopped"));
+        let speed = text_when(&client, "#speed", |t| t.contains("tokens/s"));
         assert!(speed.starts_with("150 tokens"), "{speed}");
-        let output = client
-            .find(Locator::Css("#output"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let output = client.find("#output").unwrap().text().unwrap();
         // The page's defaults: temperature 0.8, top-k 200.
         let sampling = SamplingParams {
             temperature: 0.8,
@@ -278,7 +229,6 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
         // The browser's text is what it renders: lines without their trailing spaces.
         let trim = |s: &str| s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
         assert_eq!(trim(&output), trim(&format!("ROMEO:{}", expected[0])));
-        screenshot(&client, "playground.png").await;
-        client.close().await.unwrap();
-    });
+        screenshot(&client, "playground.png");
+    }
 }

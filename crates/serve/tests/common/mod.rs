@@ -160,6 +160,17 @@ impl Server {
         )
     }
 
+    /// The ids `GET /v1/models` lists.
+    pub fn model_ids(&self) -> Vec<String> {
+        let (_, models) = self.get("/v1/models");
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn get(&self, path: &str) -> (u16, Value) {
         let mut response = Self::agent()
             .get(format!("{}{path}", self.url))

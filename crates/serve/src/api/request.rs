@@ -1,0 +1,287 @@
+//! A completion request: its body read, and every value checked against what this server
+//! serves; a refusal is a 400 naming the parameter to fix.
+
+use std::time::{Duration, Instant};
+
+use cinder::sampling::SamplingParams;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::engine::Job;
+
+/// Prompts one request may hold.
+pub const MAX_PROMPTS: usize = 16;
+
+/// Characters of one stop string.
+pub const MAX_STOP_CHARS: usize = 256;
+
+/// What the server allows in one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_tokens: usize,
+    pub max_n: usize,
+    pub max_prompts: usize,
+    /// Characters in one prompt.
+    pub max_prompt_chars: usize,
+    /// Rows decoded together (`serve --max-batch`): a request's prompts times `n` at most.
+    pub max_rows: usize,
+    /// From arrival to the last token.
+    pub timeout: Duration,
+}
+
+/// A string or an array of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+    /// vLLM's extension: with `include_usage`, every chunk carries the usage so far.
+    continuous_usage_stats: Option<bool>,
+}
+
+/// `POST /v1/completions`'s body: OpenAI's fields and cinder's extension `top_k`. Fields
+/// OpenAI has and cinder cannot serve are read so that they can be refused by name, and so are
+/// other servers' samplers (`min_p`, `repetition_penalty`); any other field is a 400 naming it,
+/// as OpenAI's API answers, so that a misspelt sampler is never silently off.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    model: String,
+    prompt: Option<OneOrMany>,
+    max_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    stop: Option<OneOrMany>,
+    n: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    echo: Option<bool>,
+    logprobs: Option<Value>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
+    best_of: Option<i64>,
+    suffix: Option<String>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    /// OpenAI's end-user id: accepted, and not used.
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+/// A checked completion request.
+#[derive(Debug)]
+pub struct Completion {
+    pub job: Job,
+    pub stream: bool,
+    pub usage: StreamUsage,
+}
+
+/// Where a stream sends the usage.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamUsage {
+    /// In a last chunk (`stream_options.include_usage`).
+    pub at_end: bool,
+    /// On every chunk too, so far (vLLM's `continuous_usage_stats`, with `include_usage`).
+    pub on_every_chunk: bool,
+}
+
+/// Reads and checks a completion request's body; every refusal is a 400 naming its `param`.
+pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::malformed("the body must be a JSON object"));
+    }
+    let r: CompletionRequest = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = path.split(['.', '[']).next().unwrap_or("").to_string();
+        let message = e.into_inner().to_string();
+        if message.starts_with("unknown field `") {
+            // A field this server does not know: the path names it (`stream_options.x`).
+            return ApiError::invalid(&path, message);
+        }
+        if param.is_empty() || param == "?" {
+            // A field missing at the top level: serde names it in the message.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+                .unwrap_or("");
+            return ApiError::invalid(missing, message.clone());
+        }
+        ApiError::invalid(&param, format!("{param}: {message}"))
+    })?;
+
+    let unsupported = |param: &str, what: &str| {
+        Err(ApiError::invalid(
+            param,
+            format!("{param}: {what} is not supported by cinder"),
+        ))
+    };
+    if r.echo == Some(true) {
+        return unsupported("echo", "echoing the prompt");
+    }
+    if r.logprobs.is_some_and(|l| !l.is_null()) {
+        return unsupported("logprobs", "returning log-probabilities");
+    }
+    if r.logit_bias.is_some_and(|b| !b.is_empty()) {
+        return unsupported("logit_bias", "biasing tokens");
+    }
+    if r.best_of.is_some_and(|b| b > 1) {
+        return unsupported("best_of", "best_of above 1");
+    }
+    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return unsupported("suffix", "a suffix (insertion)");
+    }
+    for (param, value, neutral) in [
+        ("presence_penalty", r.presence_penalty, 0.0),
+        ("frequency_penalty", r.frequency_penalty, 0.0),
+        ("repetition_penalty", r.repetition_penalty, 1.0),
+    ] {
+        if value.is_some_and(|v| v != neutral) {
+            return unsupported(param, "a penalty");
+        }
+    }
+    if r.min_p.is_some_and(|p| p != 0.0) {
+        return unsupported("min_p", "min_p sampling");
+    }
+
+    // No prompt, or an empty one: sample from the start, as `generate` does.
+    let prompts = r
+        .prompt
+        .map_or_else(|| vec![String::new()], OneOrMany::into_vec);
+    if prompts.is_empty() || prompts.len() > limits.max_prompts {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt holds {} strings, but this server takes 1 to {}",
+                prompts.len(),
+                limits.max_prompts
+            ),
+        ));
+    }
+    if let Some((i, p)) = prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.chars().count() > limits.max_prompt_chars)
+    {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt {i} has {} characters, but this server takes up to {} (serve \
+                 --max-prompt-chars)",
+                p.chars().count(),
+                limits.max_prompt_chars
+            ),
+        ));
+    }
+    let max_tokens = r.max_tokens.unwrap_or(16);
+    if !(1..=limits.max_tokens as i64).contains(&max_tokens) {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "max_tokens is {max_tokens}, but it must be 1 to {}",
+                limits.max_tokens
+            ),
+        ));
+    }
+    let n = r.n.unwrap_or(1);
+    if !(1..=limits.max_n as i64).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n is {n}, but it must be 1 to {}", limits.max_n),
+        ));
+    }
+    if prompts.len() * n as usize > limits.max_rows {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} prompts times n = {n} is {} choices, but this server decodes at most {} at once \
+                 (serve --max-batch)",
+                prompts.len(),
+                prompts.len() * n as usize,
+                limits.max_rows
+            ),
+        ));
+    }
+    let temperature = r.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature is {temperature}, but it must be 0 (greedy) to 2"),
+        ));
+    }
+    let top_p = r.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p is {top_p}, but it must be in (0, 1]"),
+        ));
+    }
+    if let Some(k) = r.top_k
+        && k < 1
+    {
+        return Err(ApiError::invalid(
+            "top_k",
+            format!("top_k is {k}, but it must be at least 1"),
+        ));
+    }
+    let stop = r.stop.map(OneOrMany::into_vec).unwrap_or_default();
+    if stop.len() > 4
+        || stop
+            .iter()
+            .any(|s| s.is_empty() || s.chars().count() > MAX_STOP_CHARS)
+    {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("stop holds up to 4 strings of 1 to {MAX_STOP_CHARS} characters"),
+        ));
+    }
+    let stream = r.stream.unwrap_or(false);
+    let options = r.stream_options.as_ref();
+    let at_end = options.and_then(|o| o.include_usage).unwrap_or(false);
+    let usage = StreamUsage {
+        at_end,
+        on_every_chunk: at_end && options.and_then(|o| o.continuous_usage_stats) == Some(true),
+    };
+    let seed = match r.seed {
+        Some(seed) => seed as u64,
+        None => rand::random(),
+    };
+    Ok(Completion {
+        job: Job {
+            model: r.model,
+            prompts,
+            n: n as usize,
+            max_tokens: max_tokens as usize,
+            sampling: SamplingParams {
+                temperature: temperature as f32,
+                top_k: r.top_k.map(|k| k as usize),
+                top_p: (top_p < 1.0).then_some(top_p as f32),
+            },
+            seed,
+            stop,
+            deadline: Instant::now() + limits.timeout,
+        },
+        stream,
+        usage,
+    })
+}

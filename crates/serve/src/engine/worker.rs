@@ -1,0 +1,200 @@
+//! The generation thread: it takes work from the queue, one item at a time, and decodes the
+//! completion requests of one model together, taking in those that arrive for it meanwhile.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use cinder::inspect::AttentionMaps;
+use cinder::sampling::generate::Decoder;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+
+use super::attention::attention;
+use super::error::EngineError;
+use super::job::{Event, Job};
+use super::load::{Claim, Load};
+use super::running::Running;
+use crate::models::{Loaded, Models};
+
+/// What the worker is asked to do, with the client's claim on its place.
+pub(super) enum Work {
+    /// A completion request, whose events go to the sender.
+    Complete(Job, UnboundedSender<Event>, Arc<Claim>),
+    /// `inspect`'s attention maps of a short text.
+    Attention {
+        model: String,
+        text: String,
+        reply: oneshot::Sender<Result<AttentionMaps, EngineError>>,
+        claim: Arc<Claim>,
+    },
+}
+
+/// Starts the generation thread over `models`, decoding at most `max_rows` rows together; its
+/// work goes to the sender returned. It ends when every sender is dropped.
+pub(super) fn start(models: Models, load: Arc<Load>, max_rows: usize) -> mpsc::Sender<Work> {
+    let (sender, inbox) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("generation".into())
+        .spawn(move || {
+            Worker {
+                models,
+                inbox,
+                waiting: VecDeque::new(),
+                load,
+                max_rows,
+            }
+            .run()
+        })
+        .expect("the generation thread starts");
+    sender
+}
+
+/// The generation thread's state.
+struct Worker {
+    models: Models,
+    inbox: mpsc::Receiver<Work>,
+    /// Work taken from the inbox while a batch of another model ran: served first.
+    waiting: VecDeque<Work>,
+    load: Arc<Load>,
+    max_rows: usize,
+}
+
+impl Worker {
+    fn run(mut self) {
+        loop {
+            let work = match self.waiting.pop_front() {
+                Some(work) => work,
+                None => match self.inbox.recv() {
+                    Ok(work) => work,
+                    Err(_) => return, // the server is gone
+                },
+            };
+            match work {
+                Work::Attention {
+                    model,
+                    text,
+                    reply,
+                    claim,
+                } => {
+                    if !claim.take() {
+                        continue; // its client left
+                    }
+                    self.load.start(0);
+                    let run = AssertUnwindSafe(|| attention(&mut self.models, &model, &text));
+                    let outcome = std::panic::catch_unwind(run).unwrap_or(Err(EngineError::Failed));
+                    self.load.done(Some(0));
+                    let _ = reply.send(outcome);
+                }
+                Work::Complete(job, events, claim) => {
+                    if !claim.take() {
+                        continue; // its client left
+                    }
+                    if self.load.stopping.load(Ordering::SeqCst) {
+                        self.load.done(None);
+                        let _ = events.send(Event::Failed(EngineError::ShuttingDown));
+                        continue;
+                    }
+                    let get =
+                        AssertUnwindSafe(|| self.models.get(&job.model).map_err(EngineError::from));
+                    match std::panic::catch_unwind(get).unwrap_or(Err(EngineError::Failed)) {
+                        Ok(model) => {
+                            // A panic in Burn (memory, say) fails the batch's requests (their
+                            // places are freed as they drop), not the worker. The batch runs on
+                            // the sampling thread, as `generate` does.
+                            let batch = AssertUnwindSafe(|| {
+                                cinder_model::sampling(|| self.batch(model, job, events))
+                            });
+                            let _ = std::panic::catch_unwind(batch);
+                        }
+                        Err(e) => {
+                            self.load.done(None);
+                            let _ = events.send(Event::Failed(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes `first` and the requests for its model that arrive meanwhile (up to `max_rows`
+    /// rows at once), until none is left. A request for another model, or for a newer
+    /// checkpoint of this one, closes the batch to newcomers: it is served next.
+    fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
+        let id = first.model.clone();
+        let mut decoder = Decoder::new(&model.gpt, true, &model.device);
+        let mut running: Vec<Running> = Vec::new();
+        // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
+        // admitted, so that its client may still leave (and free its place) while it waits
+        // for room.
+        let mut next = Some((first, events, None));
+        let mut closed = false;
+        loop {
+            // Newcomers join at a token boundary, while their rows fit.
+            loop {
+                let (job, events, claim) = match next.take() {
+                    Some(taken) => taken,
+                    None if closed => break,
+                    None => match self.inbox.try_recv() {
+                        Ok(Work::Complete(job, events, claim))
+                            if job.model == id && self.models.is_current(&id, &model) =>
+                        {
+                            (job, events, Some(claim))
+                        }
+                        Ok(other) => {
+                            self.waiting.push_back(other);
+                            closed = true;
+                            break;
+                        }
+                        Err(_) => break,
+                    },
+                };
+                let rows: usize = running.iter().map(Running::row_count).sum();
+                if !running.is_empty() && rows + job.rows() > self.max_rows {
+                    next = Some((job, events, claim)); // when rows leave
+                    break;
+                }
+                if claim.is_some_and(|claim| !claim.take()) {
+                    continue; // its client left while it waited
+                }
+                match Running::admit(job, events, &model.tokenizer, &self.load) {
+                    Ok(Some(request)) => {
+                        decoder.join(request.rows());
+                        running.push(request);
+                    }
+                    Ok(None) => self.load.done(None), // the client left while it waited
+                    Err((events, e)) => {
+                        self.load.done(None);
+                        let _ = events.send(Event::Failed(e));
+                    }
+                }
+            }
+            if running.is_empty() {
+                return;
+            }
+            let logits = decoder.next_logits();
+            self.load.pass(decoder.rows());
+            let v = logits.len() / decoder.rows();
+            let stopping = self.load.stopping.load(Ordering::SeqCst);
+            let mut row = 0;
+            let mut ended = Vec::new();
+            for (i, request) in running.iter_mut().enumerate() {
+                let rows = row..row + request.row_count();
+                row = rows.end;
+                let tokens = request.pick(&logits[rows.start * v..rows.end * v]);
+                for (r, token) in rows.clone().zip(tokens) {
+                    decoder.push(r, token);
+                }
+                if let Some(end) = request.end(stopping) {
+                    ended.push((i, rows, end));
+                }
+            }
+            // Ended requests leave, last first, so that the rows before stay where they are.
+            for (i, rows, end) in ended.into_iter().rev() {
+                decoder.leave(rows);
+                running.remove(i).finish(end);
+            }
+        }
+    }
+}
