@@ -78,6 +78,11 @@ pub enum EncodeError {
     Bpe(#[from] BpeError),
 }
 
+/// The character tokenizer's name, as configs and checkpoints write it.
+pub const CHAR: &str = "char";
+/// The byte-level BPE's name, likewise.
+pub const BPE: &str = "bpe";
+
 /// Characters or BPE.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(clippy::large_enum_variant)] // one per run: its size does not matter
@@ -87,11 +92,11 @@ pub enum Tokenizer {
 }
 
 impl Tokenizer {
-    /// `char` or `bpe`.
+    /// [`CHAR`] or [`BPE`].
     pub fn name(&self) -> &'static str {
         match self {
-            Tokenizer::Char(_) => "char",
-            Tokenizer::Bpe(_) => "bpe",
+            Tokenizer::Char(_) => CHAR,
+            Tokenizer::Bpe(_) => BPE,
         }
     }
 
