@@ -257,13 +257,24 @@ fn damaged_weights_and_newer_format() {
 #[test]
 fn generate_flags_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 6] = [
-        (&["--max-new-tokens", "0"], "--max-new-tokens"),
-        (&["--num-samples", "0"], "--num-samples"),
-        (&["--temperature", "-1"], "--temperature"),
-        (&["--top-k", "0"], "--top-k"),
-        (&["--top-p", "0"], "--top-p"),
-        (&["--top-p", "1.5"], "--top-p"),
+    let cases: [(&[&str], &str); 11] = [
+        (&["--max-new-tokens", "0"], "--max-new-tokens is 0"),
+        (&["--num-samples", "0"], "--num-samples is 0"),
+        (&["--temperature", "-1"], "--temperature is -1"),
+        (&["--top-k", "0"], "--top-k is 0"),
+        (&["--top-p", "0"], "--top-p is 0"),
+        (&["--top-p", "1.5"], "--top-p is 1.5"),
+        (&["--min-p", "1.5"], "--min-p is 1.5"),
+        (&["--presence-penalty", "3"], "--presence-penalty is 3"),
+        (
+            &["--frequency-penalty", "-2.5"],
+            "--frequency-penalty is -2.5",
+        ),
+        (&["--repetition-penalty", "0"], "--repetition-penalty is 0"),
+        (
+            &["--repetition-penalty", "-1"],
+            "--repetition-penalty is -1",
+        ),
     ];
     for (flags, flag) in cases {
         // Checked before the checkpoint is even opened.

@@ -204,7 +204,7 @@ fn sampling_loops_on_different_threads_do_not_wait_for_each_other() {
         sampling: SamplingParams {
             temperature: 0.0,
             top_k: None,
-            top_p: None,
+            ..SamplingParams::default()
         },
         seed: 0,
         use_cache: true,
@@ -246,7 +246,7 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
         sampling: SamplingParams {
             temperature: 0.0,
             top_k: None,
-            top_p: None,
+            ..SamplingParams::default()
         },
         seed: 0,
         use_cache,
@@ -287,7 +287,7 @@ fn sampling_never_picks_a_padding_id() {
         sampling: SamplingParams {
             temperature: 2.0,
             top_k: None,
-            top_p: None,
+            ..SamplingParams::default()
         },
         seed: 3,
         use_cache: true,

@@ -575,7 +575,7 @@ fn a_padded_vocabulary_loads_and_samples_known_tokens() {
             sampling: SamplingParams {
                 temperature: 2.0,
                 top_k: Some(DEFAULT_TOP_K),
-                top_p: None,
+                ..SamplingParams::default()
             },
             seed: 1337,
             use_cache: true,

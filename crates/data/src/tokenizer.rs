@@ -252,11 +252,12 @@ impl<'a> TextStream<'a> {
         }
     }
 
-    /// The end of the stream: bytes still held back never decoded.
-    pub fn finish(self) -> String {
+    /// The end of the stream: bytes still held back never decoded (the stream is empty after).
+    pub fn finish(&mut self) -> String {
         if self.pending.is_empty() {
             String::new()
         } else {
+            self.pending.clear();
             char::REPLACEMENT_CHARACTER.to_string()
         }
     }

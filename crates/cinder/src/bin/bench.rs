@@ -130,7 +130,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 sampling: SamplingParams {
                     temperature: cinder::sampling::DEFAULT_TEMPERATURE,
                     top_k: None,
-                    top_p: None,
+                    ..SamplingParams::default()
                 },
                 seed: config.seed,
                 use_cache: !no_cache,

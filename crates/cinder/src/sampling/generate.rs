@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::data::ids_tensor;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, Seen};
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,12 +70,12 @@ fn sample<F: TokenFlow>(
     on_token: &mut impl FnMut(usize, u32) -> F,
 ) -> Vec<Vec<u32>> {
     let n = opts.num_samples;
-    let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens);
+    let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens, prompt, n);
     let mut decoder = Decoder::new(model, opts.use_cache, device);
     decoder.join(vec![prompt.to_vec(); n]);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
-        let tokens = picker.pick(&decoder.next_logits(), n);
+        let tokens = picker.pick(&decoder.next_logits());
         let mut go_on = true;
         for (s, token) in tokens.into_iter().enumerate() {
             decoder.push(s, token);
@@ -90,31 +90,54 @@ fn sample<F: TokenFlow>(
 }
 
 /// The next tokens of one prompt's samples: `generate`'s random stream for a seed, drawn row
-/// after row at each step.
+/// after row at each step, and what each row has said for the penalties.
 pub struct Picker {
     sampling: SamplingParams,
     rng: ChaCha8Rng,
     /// Tokens the tokenizer has: ids past them (a vocabulary padded beyond the tokenizer's)
     /// are never picked.
     tokens: usize,
+    /// Each row's prompt and tokens so far (kept only if a penalty is on).
+    seen: Vec<Seen>,
 }
 
 impl Picker {
-    pub fn new(sampling: SamplingParams, seed: u64, tokens: usize) -> Self {
+    /// Picking for `rows` samples of `prompt`.
+    pub fn new(
+        sampling: SamplingParams,
+        seed: u64,
+        tokens: usize,
+        prompt: &[u32],
+        rows: usize,
+    ) -> Self {
+        let seen = if sampling.penalises() {
+            Seen::new(prompt)
+        } else {
+            Seen::default()
+        };
         Self {
             sampling,
             rng: ChaCha8Rng::seed_from_u64(seed),
             tokens,
+            seen: vec![seen; rows],
         }
     }
 
-    /// The next token of each of `rows` rows, whose logits `logits` holds row after row.
-    pub fn pick(&mut self, logits: &[f32], rows: usize) -> Vec<u32> {
-        let v = logits.len() / rows;
+    /// The next token of each row, whose logits `logits` holds row after row.
+    pub fn pick(&mut self, logits: &[f32]) -> Vec<u32> {
+        let v = logits.len() / self.seen.len();
         let pickable = self.tokens.min(v);
+        let penalises = self.sampling.penalises();
         logits
             .chunks_exact(v)
-            .map(|row| self.sampling.pick(&row[..pickable], &mut self.rng))
+            .zip(&mut self.seen)
+            .map(|(row, seen)| {
+                let token = self.sampling.pick(&row[..pickable], seen, &mut self.rng);
+                if penalises {
+                    seen.push(token);
+                }
+                token
+            })
             .collect()
     }
 }

@@ -1,9 +1,11 @@
 //! Sampling text: the decoding loop over the model's key/value cache ([`generate`]), the choice
-//! of each next token from the logits ([`SamplingParams`]), the prompt's tokens
-//! ([`prompt_ids`]), and the text `generate` prints by default ([`sample`]).
+//! of each next token from the logits and what the row has said ([`SamplingParams`]), the prompt's tokens
+//! ([`prompt_ids`]), what the model thought of each token ([`token_probs`]), and the text
+//! `generate` prints by default ([`sample`]).
 
 pub mod generate;
 mod params;
+mod probs;
 
 use burn::prelude::*;
 use cinder_data::{EncodeError, Tokenizer};
@@ -11,7 +13,8 @@ use cinder_model::Gpt;
 
 use generate::GenerateOptions;
 
-pub use params::{DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams, argmax};
+pub use params::{BadSampling, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, SamplingParams, Seen, argmax};
+pub use probs::{TokenProbs, log_normaliser, token_probs, token_text};
 
 /// The text `generate` continues unless given one: a new line, so that samples start as a text's
 /// lines do.
@@ -72,7 +75,7 @@ pub fn sample(
         sampling: SamplingParams {
             temperature: DEFAULT_TEMPERATURE,
             top_k: Some(DEFAULT_TOP_K),
-            top_p: None,
+            ..SamplingParams::default()
         },
         seed,
         use_cache: true,
