@@ -16,6 +16,7 @@ mod models;
 mod routes;
 mod runs;
 mod sse;
+mod tokens;
 mod web;
 
 use std::net::{IpAddr, SocketAddr};

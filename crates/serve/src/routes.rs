@@ -1,6 +1,7 @@
 //! The HTTP side of the API: the router (the page's routes from [`crate::web`]), the API key and
-//! the log line of each request, `/health`, `/v1/models`, and `/v1/completions`, whose events
-//! become a whole completion here, or server-sent events ([`crate::sse`]).
+//! the log line of each request, `/health`, `/v1/models`, `/tokenize` and `/detokenize`
+//! ([`crate::tokens`]), and `/v1/completions`, whose events become a whole completion here, or
+//! server-sent events ([`crate::sse`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -17,17 +18,19 @@ use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::api::{ApiError, Header, Usage, now, parse_completion};
+use crate::api::{ApiError, Choice, Header, Usage, now, parse_completion};
 use crate::app::{App, read_body};
 use crate::engine::{EngineError, Event, Finish};
 use crate::log::{Logged, log_line};
-use crate::{sse, web};
+use crate::{sse, tokens, web};
 
 pub fn router(app: App) -> Router {
     web::routes()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .fallback(|method: Method, uri: Uri| async move {
             ApiError::no_route(method.as_str(), uri.path())
         })
@@ -80,7 +83,9 @@ async fn guard(State(app): State<App>, request: Request, next: Next) -> Response
     let response = if app.queue.load.stopping.load(Ordering::SeqCst) && path != "/health" {
         ApiError::from(EngineError::ShuttingDown).into_response()
     } else if let Some(key) = &app.api_key
-        && (path.starts_with("/v1/") || path.starts_with("/api/"))
+        && (path.starts_with("/v1/")
+            || path.starts_with("/api/")
+            || ["/tokenize", "/detokenize"].contains(&path.as_str()))
         && !has_key(request.headers(), key)
     {
         ApiError::unauthorized().into_response()
@@ -165,20 +170,27 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
     };
     if request.stream {
         logged.streamed = true;
-        let stream = sse::stream(rx, header, prompt_tokens, request.usage, logged.clone());
+        let stream = sse::stream(
+            rx,
+            header,
+            prompt_tokens,
+            request.usage,
+            request.logprobs,
+            logged.clone(),
+        );
         // Comments while a long prompt is read keep proxies from closing the connection.
         let sse = Sse::new(stream).keep_alive(KeepAlive::default());
         return with_log(sse.into_response(), logged);
     }
-    match collect(rx, choices).await {
-        Ok((texts, completion_tokens)) => {
+    match collect(rx, choices, request.logprobs).await {
+        Ok((choices, completion_tokens)) => {
             logged.tokens = Some(completion_tokens);
             let usage = Usage {
                 prompt_tokens,
                 completion_tokens,
             };
             with_log(
-                Json(header.completion(&texts, usage)).into_response(),
+                Json(header.completion(&choices, usage)).into_response(),
                 logged,
             )
         }
@@ -186,17 +198,34 @@ async fn completions(State(app): State<App>, body: Body) -> Response {
     }
 }
 
-/// A whole completion: each choice's text and why it ended, and the tokens written.
+/// A whole completion: each choice (with its tokens' log-probabilities if `logprobs`), and the
+/// tokens written.
 async fn collect(
     mut rx: UnboundedReceiver<Event>,
     choices: usize,
-) -> Result<(Vec<(String, Finish)>, usize), ApiError> {
-    let mut texts = vec![(String::new(), Finish::Length); choices];
+    logprobs: bool,
+) -> Result<(Vec<Choice>, usize), ApiError> {
+    let empty = Choice {
+        text: String::new(),
+        finish: Finish::Length,
+        logprobs: logprobs.then(Vec::new),
+    };
+    let mut whole = vec![empty; choices];
     loop {
         match rx.recv().await {
-            Some(Event::Text { index, text, .. }) => texts[index].0.push_str(&text),
-            Some(Event::Finished { index, reason }) => texts[index].1 = reason,
-            Some(Event::Done { completion_tokens }) => return Ok((texts, completion_tokens)),
+            Some(Event::Text {
+                index,
+                text,
+                logprobs,
+                ..
+            }) => {
+                whole[index].text.push_str(&text);
+                if let Some(tokens) = &mut whole[index].logprobs {
+                    tokens.extend(logprobs);
+                }
+            }
+            Some(Event::Finished { index, reason }) => whole[index].finish = reason,
+            Some(Event::Done { completion_tokens }) => return Ok((whole, completion_tokens)),
             Some(Event::Started { .. }) => {}
             Some(Event::Failed(e)) => return Err(e.into()),
             None => return Err(EngineError::WorkerGone.into()),

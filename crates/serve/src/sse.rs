@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::mpsc::error::TryRecvError;
 
 use crate::api::{ApiError, Header, StreamUsage, Usage};
-use crate::engine::{EngineError, Event, Finish};
+use crate::engine::{EngineError, Event, Finish, TokenLogprob};
 use crate::log::{Logged, log_line};
 
 /// Events taken from the worker at once, at most: a stream that fell behind catches up in
@@ -22,19 +22,22 @@ use crate::log::{Logged, log_line};
 const CATCH_UP: usize = 256;
 
 /// A completion as server-sent events: a chunk per piece of text, one with each choice's
-/// `finish_reason`, the usage where `usage` asks for it, then `[DONE]`. It logs its request's
+/// `finish_reason`, the usage where `usage` asks for it, then `[DONE]`; with `logprobs`, each
+/// chunk carries the log-probabilities of the tokens whose text it holds. It logs its request's
 /// line when it is dropped.
 pub fn stream(
     rx: UnboundedReceiver<Event>,
     header: Header,
     prompt_tokens: usize,
     usage: StreamUsage,
+    logprobs: bool,
     logged: Logged,
 ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     let start = StreamState {
         rx,
         pending: VecDeque::new(),
         texts: BTreeMap::new(),
+        logprobs,
         written: 0,
         ended: false,
         header,
@@ -74,8 +77,10 @@ pub fn stream(
 struct StreamState {
     rx: UnboundedReceiver<Event>,
     pending: VecDeque<SseEvent>,
-    /// Each choice's text read and not yet sent.
-    texts: BTreeMap<usize, String>,
+    /// Each choice's text read and not yet sent, and its tokens.
+    texts: BTreeMap<usize, (String, Vec<TokenLogprob>)>,
+    /// Whether chunks carry log-probabilities.
+    logprobs: bool,
     /// The request's tokens written, as of the last text read.
     written: usize,
     ended: bool,
@@ -113,24 +118,25 @@ impl StreamState {
         }
     }
 
-    /// Queues a chunk of choice `index`: its text, or its end.
-    fn send(&mut self, index: usize, text: &str, finish: Option<Finish>) {
+    /// Queues a chunk of choice `index`: its text and tokens, or its end.
+    fn send(&mut self, index: usize, text: &str, tokens: &[TokenLogprob], finish: Option<Finish>) {
         let usage = self
             .sends_usage
             .on_every_chunk
             .then(|| self.usage(self.written));
-        let chunk = self.header.chunk(index, text, finish, usage);
+        let tokens = self.logprobs.then_some(tokens);
+        let chunk = self.header.chunk(index, text, tokens, finish, usage);
         self.pending.push_back(data(chunk));
     }
 
     /// Queues the text read of choice `index` (of every choice, in order: `None`), if any.
     fn flush(&mut self, index: Option<usize>) {
-        let texts: Vec<(usize, String)> = match index {
+        let texts: Vec<(usize, (String, Vec<TokenLogprob>))> = match index {
             Some(index) => self.texts.remove_entry(&index).into_iter().collect(),
             None => std::mem::take(&mut self.texts).into_iter().collect(),
         };
-        for (index, text) in texts {
-            self.send(index, &text, None);
+        for (index, (text, tokens)) in texts {
+            self.send(index, &text, &tokens, None);
         }
     }
 
@@ -142,13 +148,16 @@ impl StreamState {
                 index,
                 text,
                 written,
+                logprobs,
             }) => {
-                self.texts.entry(index).or_default().push_str(&text);
+                let (waiting, tokens) = self.texts.entry(index).or_default();
+                waiting.push_str(&text);
+                tokens.extend(logprobs);
                 self.written = written;
             }
             Some(Event::Finished { index, reason }) => {
                 self.flush(Some(index));
-                self.send(index, "", Some(reason));
+                self.send(index, "", &[], Some(reason));
             }
             Some(Event::Done { completion_tokens }) => {
                 self.flush(None);
@@ -186,6 +195,15 @@ mod tests {
     /// The data of each event of `events`, sent before the stream is read: what a client that
     /// fell behind receives. Usage is asked for at the end, and on every chunk if `continuous`.
     async fn read_behind(events: Vec<Event>, continuous: bool) -> Vec<serde_json::Value> {
+        read_behind_with(events, continuous, false).await
+    }
+
+    /// [`read_behind`], with log-probabilities asked for if `logprobs`.
+    async fn read_behind_with(
+        events: Vec<Event>,
+        continuous: bool,
+        logprobs: bool,
+    ) -> Vec<serde_json::Value> {
         let (tx, rx) = unbounded_channel();
         for event in events {
             tx.send(event).unwrap();
@@ -200,7 +218,7 @@ mod tests {
             at_end: true,
             on_every_chunk: continuous,
         };
-        let events = stream(rx, header, 2, usage, Logged::default());
+        let events = stream(rx, header, 2, usage, logprobs, Logged::default());
         let body = axum::body::to_bytes(Sse::new(events).into_response().into_body(), 1 << 20)
             .await
             .unwrap();
@@ -216,6 +234,7 @@ mod tests {
             index,
             text: text.into(),
             written,
+            logprobs: Vec::new(),
         }
     }
 
@@ -276,6 +295,62 @@ mod tests {
         assert_eq!(data[data.len() - 2]["usage"]["completion_tokens"], 8);
         assert_eq!(data[data.len() - 2]["choices"], json!([]));
         assert_eq!(data[data.len() - 1], "[DONE]");
+    }
+
+    /// A token and its log-probability, at `offset`.
+    fn token(text: &str, logprob: f32, offset: usize) -> TokenLogprob {
+        TokenLogprob {
+            text: text.into(),
+            logprob: Some(logprob),
+            top: vec![(text.into(), logprob)],
+            offset,
+        }
+    }
+
+    #[tokio::test]
+    async fn merged_chunks_carry_the_log_probabilities_of_their_tokens_in_order() {
+        let with = |index, text: &str, written, logprobs| Event::Text {
+            index,
+            text: text.into(),
+            written,
+            logprobs,
+        };
+        let data = read_behind_with(
+            vec![
+                Event::Started { prompt_tokens: 2 },
+                with(0, "a", 1, vec![token("a", -0.5, 0)]),
+                with(1, "x", 2, vec![token("x", -0.1, 0)]),
+                with(0, "", 3, vec![token("bytes:\\xc3", -1.0, 1)]),
+                with(0, "é", 3, vec![token("bytes:\\xa9", -0.2, 1)]),
+                finished(0, Finish::Length),
+                finished(1, Finish::Length),
+                Event::Done {
+                    completion_tokens: 4,
+                },
+            ],
+            false,
+            true,
+        )
+        .await;
+        assert_eq!(data[0]["choices"][0]["text"], "aé");
+        assert_eq!(
+            data[0]["choices"][0]["logprobs"],
+            json!({
+                "tokens": ["a", "bytes:\\xc3", "bytes:\\xa9"],
+                "token_logprobs": [-0.5, -1.0, -0.2],
+                "top_logprobs": [{"a": -0.5}, {"bytes:\\xc3": -1.0}, {"bytes:\\xa9": -0.2}],
+                "text_offset": [0, 1, 1],
+            })
+        );
+        assert_eq!(data[2]["choices"][0]["text"], "x");
+        assert_eq!(data[2]["choices"][0]["logprobs"]["tokens"], json!(["x"]));
+        // Without logprobs asked for, chunks carry none.
+        let plain = read_behind(
+            vec![with(0, "a", 1, vec![]), finished(0, Finish::Length)],
+            false,
+        )
+        .await;
+        assert_eq!(plain[0]["choices"][0]["logprobs"], serde_json::Value::Null);
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::api::ApiError;
 use crate::app::{App, read_body};
+use crate::engine::attention;
 use crate::runs::{self, Cursor};
 
 /// The page's files: path, media type, content. uPlot (MIT licence, served beside it) draws the
@@ -158,6 +159,12 @@ async fn attention(State(app): State<App>, body: Body) -> Result<Response, ApiEr
         ));
     }
     app.catalog.find(&request.model)?;
-    let maps = app.queue.attention(request.model, request.text).await?;
+    let text = request.text;
+    let maps = app
+        .queue
+        .inspect(request.model, move |model| {
+            attention::attention(model, &text)
+        })
+        .await?;
     Ok(axum::Json(maps).into_response())
 }

@@ -21,7 +21,7 @@ fn completions_are_generates_text_whole_or_streamed() {
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: Some(20),
-        top_p: None,
+        ..SamplingParams::default()
     };
     for n in [1, 2] {
         let expected = generated(&run, "ROMEO:", sampling, n, 7, 30);
@@ -183,15 +183,15 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         bad("n", json!(5)), // 5 choices, --max-batch 4
         bad("stop", json!("s".repeat(257))),
         bad("best_of", json!(2)),
-        bad("frequency_penalty", json!(1)),
-        bad("echo", json!(true)),
-        bad("logprobs", json!(0)),
+        bad("frequency_penalty", json!(2.5)),
+        bad("echo", json!("yes")),
+        bad("logprobs", json!(6)),
         bad("logit_bias", json!({"1": 5})),
         bad("suffix", json!("end")),
-        bad("presence_penalty", json!(0.5)),
-        // Other servers' samplers, refused by name rather than silently off.
-        bad("min_p", json!(0.1)),
-        bad("repetition_penalty", json!(1.2)),
+        bad("presence_penalty", json!(-3)),
+        bad("min_p", json!(1.5)),
+        bad("repetition_penalty", json!(0)),
+        bad("top_p", json!(1.5)),
         // A misspelt or unknown parameter is refused by name, as OpenAI's API does.
         bad("temprature", json!(0.5)),
         bad("stop_sequences", json!(["a"])),
@@ -465,7 +465,7 @@ fn openais_own_client_works_unchanged() {
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: Some(20),
-        top_p: None,
+        ..SamplingParams::default()
     };
     let expected = generated(&run, "ROMEO:", sampling, 2, 7, 30);
     let usage = json!({"prompt_tokens": 6, "completion_tokens": 60, "total_tokens": 66});
@@ -493,6 +493,458 @@ fn openais_own_client_works_unchanged() {
         got["wrong_key"],
         error("AuthenticationError", 401, Value::Null, "invalid_api_key")
     );
+    // The client reads the log-probabilities, streamed as whole.
+    let logprobs = &got["logprobs"];
+    let whole = &logprobs["whole"];
+    assert_eq!(whole["tokens"].as_array().unwrap().len(), 20, "{whole}");
+    let joined: String = whole["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(joined, whole["text"].as_str().unwrap());
+    assert_eq!(&logprobs["streamed"], whole);
+    let scored = &logprobs["scored"];
+    assert_eq!(scored["text"], "ROMEO: my");
+    let token_logprobs = scored["token_logprobs"].as_array().unwrap();
+    assert_eq!(token_logprobs.len(), 9);
+    assert!(
+        token_logprobs[0].is_null()
+            && token_logprobs[1..]
+                .iter()
+                .all(|l| l.as_f64().unwrap() < 0.0)
+    );
+}
+
+/// Penalties and min-p: a seeded request's text is `generate`'s with the same samplers, alone
+/// and in a batch of 16 requests decoded together (each row with its own counts).
+#[test]
+fn samplers_give_generates_text_alone_and_batched() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let max = LONG.to_string();
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--runs",
+            "runs",
+            "--max-tokens",
+            &max,
+            "--max-batch",
+            "32",
+            "--queue",
+            "32",
+            "--max-n",
+            "16",
+        ],
+    );
+    let d = SamplingParams::default();
+    let samplers = [
+        (
+            json!({"presence_penalty": 1.5}),
+            SamplingParams {
+                presence_penalty: 1.5,
+                ..d
+            },
+        ),
+        (
+            json!({"frequency_penalty": 0.8}),
+            SamplingParams {
+                frequency_penalty: 0.8,
+                ..d
+            },
+        ),
+        (
+            json!({"repetition_penalty": 1.3}),
+            SamplingParams {
+                repetition_penalty: 1.3,
+                ..d
+            },
+        ),
+        (
+            json!({"min_p": 0.2}),
+            SamplingParams {
+                min_p: Some(0.2),
+                ..d
+            },
+        ),
+        (
+            json!({"presence_penalty": -0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.9,
+                "min_p": 0.05, "top_p": 0.9, "top_k": 30}),
+            SamplingParams {
+                presence_penalty: -0.5,
+                frequency_penalty: 0.3,
+                repetition_penalty: 0.9,
+                min_p: Some(0.05),
+                top_p: Some(0.9),
+                top_k: Some(30),
+                ..d
+            },
+        ),
+    ];
+    let tokens = 120;
+    // Greedy with a repetition penalty, and sampled at two temperatures.
+    let cases: Vec<(Value, SamplingParams, u64)> = (0..16)
+        .map(|i| {
+            let (fields, params) = &samplers[i % samplers.len()];
+            let temperature = [0.0, 0.8, 1.2][i % 3];
+            let mut request = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": tokens,
+                "temperature": temperature, "seed": i});
+            for (k, v) in fields.as_object().unwrap() {
+                request[k] = v.clone();
+            }
+            let params = SamplingParams {
+                temperature,
+                ..*params
+            };
+            (request, params, i as u64)
+        })
+        .collect();
+    let expected: Vec<String> = cases
+        .iter()
+        .map(|(_, params, seed)| generated(&run, "ROMEO:", *params, 1, *seed, tokens)[0].clone())
+        .collect();
+    // The samplers change the text: the penalties are on.
+    let plain = SamplingParams {
+        temperature: 0.0,
+        ..d
+    };
+    assert_ne!(
+        expected[0],
+        generated(&run, "ROMEO:", plain, 1, 0, tokens)[0]
+    );
+
+    let (status, alone) = server.complete(&cases[4].0);
+    assert_eq!(status, 200, "{alone}");
+    assert_eq!(alone["choices"][0]["text"], expected[4]);
+
+    // With a long stream holding the worker, the 16 join one batch.
+    let busy = busy_stream(&server);
+    let texts: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(request, _, _)| {
+                let server = &server;
+                scope.spawn(move || server.complete(request))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (status, answer) = h.join().unwrap();
+                assert_eq!(status, 200, "{answer}");
+                answer["choices"][0]["text"].clone()
+            })
+            .collect()
+    });
+    drop(busy);
+    for (i, (text, want)) in texts.iter().zip(&expected).enumerate() {
+        assert_eq!(text, want, "request {i}: {:?}", cases[i].0);
+    }
+    // Each joined the long stream's batch.
+    let (_, health) = server.get("/health");
+    let widest = health["decoding"]["widest"].as_u64().unwrap();
+    assert!(widest >= 2, "no rows were decoded together: {health}");
+
+    // Sixteen rows of one request are one batch by construction: each row keeps its own counts,
+    // as generate's samples do.
+    let (request, params, seed) = &cases[4];
+    let mut sixteen = request.clone();
+    sixteen["n"] = json!(16);
+    let (status, answer) = server.complete(&sixteen);
+    assert_eq!(status, 200, "{answer}");
+    let texts: Vec<&str> = answer["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, generated(&run, "ROMEO:", *params, 16, *seed, tokens));
+}
+
+/// vLLM's `/tokenize` and `/detokenize` round-trip a text with multi-byte characters through a
+/// byte-level BPE; the pieces are the tokens' bytes, OpenAI's `bytes:` form where a token holds
+/// part of a character.
+#[test]
+fn tokenize_then_detokenize_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    common::train(
+        dir.path(),
+        "bpe",
+        &[("tokenizer", "bpe"), ("vocab-size", "300")],
+    );
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+    let text = "ROMEO: café, naïve — 5 € 日本\nJULIET: 🌹";
+    let post = |path: &str, body: Value| {
+        let (status, _, answer) = server.post_raw(path, &body.to_string(), None);
+        (status, serde_json::from_str::<Value>(&answer).unwrap())
+    };
+    let (status, tokens) = post("/tokenize", json!({"model": "bpe", "prompt": text}));
+    assert_eq!(status, 200, "{tokens}");
+    let ids = tokens["tokens"].as_array().unwrap();
+    let pieces = tokens["token_strs"].as_array().unwrap();
+    assert_eq!(tokens["count"], ids.len());
+    assert_eq!(tokens["max_model_len"], 32);
+    assert_eq!(pieces.len(), ids.len());
+    // The pieces are the text's bytes, token by token.
+    let mut bytes = Vec::new();
+    for piece in pieces {
+        let piece = piece.as_str().unwrap();
+        match piece.strip_prefix("bytes:") {
+            Some(hex) => {
+                for b in hex.split("\\x").skip(1) {
+                    bytes.push(u8::from_str_radix(b, 16).unwrap());
+                }
+            }
+            None => bytes.extend(piece.as_bytes()),
+        }
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    assert!(
+        pieces
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with("bytes:")),
+        "{pieces:?}"
+    );
+    let (status, back) = post("/detokenize", json!({"model": "bpe", "tokens": ids}));
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(back["prompt"], text);
+
+    // Bad requests name what to fix.
+    let refused = |path: &str, body: Value, param: &str| {
+        let (status, answer) = post(path, body);
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    };
+    refused(
+        "/detokenize",
+        json!({"model": "bpe", "tokens": [1, 300]}),
+        "tokens",
+    );
+    refused(
+        "/detokenize",
+        json!({"model": "bpe", "tokens": ["a"]}),
+        "tokens",
+    );
+    refused("/tokenize", json!({"model": "bpe", "text": "a"}), "text");
+    refused("/tokenize", json!({"model": "bpe"}), "prompt");
+    let (status, _) = post("/tokenize", json!({"model": "nope", "prompt": "a"}));
+    assert_eq!(status, 404);
+}
+
+/// The run's model on the CPU, its composite layers (the reference), and its tokenizer.
+fn reference_model(
+    run: &Path,
+) -> (
+    cinder_model::Gpt,
+    cinder_data::Tokenizer,
+    burn::prelude::Device,
+) {
+    let device = cinder::device::Backend::cpu().unwrap().device;
+    let names = [cinder::storage::names::BEST, LATEST];
+    let loaded = cinder::storage::checkpoint::load(run, &names, &device).unwrap();
+    let model = loaded.model.with_ops(cinder_model::Ops::Composite);
+    (model, loaded.tokenizer, device)
+}
+
+/// Checks a choice's `logprobs` (with `echo`: every token of prompt and completion) against a
+/// log-softmax of the composite path's logits over the whole text, to 1e-4: each token's and
+/// its top 5.
+fn assert_logprobs_are_the_models(run: &Path, logprobs: &Value) {
+    let (model, tokenizer, device) = reference_model(run);
+    let text: String = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let ids = tokenizer.encode(&text).unwrap();
+    let (t, v) = (ids.len(), model.vocab_size());
+    let logits: Vec<f32> = model
+        .forward(cinder::data::ids_tensor(&ids, [1, t], &device))
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    assert_eq!(logprobs["token_logprobs"][0], Value::Null);
+    assert_eq!(logprobs["top_logprobs"][0], Value::Null);
+    for i in 1..t {
+        let row = &logits[(i - 1) * v..(i - 1) * v + tokenizer.vocab_size()];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let norm = max
+            + row
+                .iter()
+                .map(|&l| (l as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        let log_softmax = |id: usize| row[id] as f64 - norm;
+        let got = logprobs["token_logprobs"][i].as_f64().unwrap();
+        assert!(
+            (got - log_softmax(ids[i] as usize)).abs() < 1e-4,
+            "token {i}: {got}"
+        );
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let top = logprobs["top_logprobs"][i].as_object().unwrap();
+        for &id in &order[..5] {
+            let piece = tokenizer.decode(&[id as u32]);
+            let got = top[&piece].as_f64().unwrap();
+            assert!(
+                (got - log_softmax(id)).abs() < 1e-4,
+                "token {i}, top {piece:?}: {got}"
+            );
+        }
+    }
+}
+
+/// `echo` with `max_tokens` 0 scores a text exactly as `evaluate` does; the log-probabilities
+/// of a completion's tokens (cached decoding) and of its echoed prompt (one forward pass) are
+/// the composite path's; streamed chunks each carry their own tokens; a stop string's tokens
+/// are left out with its text.
+#[test]
+fn logprobs_score_a_text_as_evaluate_does_and_are_the_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let server = Server::start(dir.path(), &["--runs", "runs"]);
+
+    // Scoring: the mean surprise is evaluate's loss on the text.
+    let text = "ROMEO:\nO, she doth teach";
+    let request = json!({"model": "tiny", "prompt": text, "max_tokens": 0, "echo": true,
+        "logprobs": 5});
+    let (status, scored) = server.complete(&request);
+    assert_eq!(status, 200, "{scored}");
+    let choice = &scored["choices"][0];
+    assert_eq!(choice["text"], text);
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(scored["usage"]["completion_tokens"], 0);
+    let logprobs = &choice["logprobs"];
+    let surprise: Vec<f64> = logprobs["token_logprobs"].as_array().unwrap()[1..]
+        .iter()
+        .map(|l| -l.as_f64().unwrap())
+        .collect();
+    assert_eq!(surprise.len(), text.chars().count() - 1);
+    let (model, tokenizer, device) = reference_model(&run);
+    let ids = tokenizer.encode(text).unwrap();
+    let loss = cinder::run::eval::text_loss(&model, &ids, 1, &device, |_, _| {}).loss;
+    let mean = surprise.iter().sum::<f64>() / surprise.len() as f64;
+    assert!((mean - loss).abs() < 1e-4, "scored {mean}, evaluate {loss}");
+    let offsets: Vec<u64> = logprobs["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        offsets,
+        (0..text.chars().count() as u64).collect::<Vec<_>>()
+    );
+    assert_logprobs_are_the_models(&run, logprobs);
+
+    // A prompt past the context cannot be scored whole.
+    let long = json!({"model": "tiny", "prompt": "a".repeat(33), "max_tokens": 0, "echo": true,
+        "logprobs": 0});
+    let (status, refused) = server.complete(&long);
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "prompt");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context is 32 tokens"),
+        "{refused}"
+    );
+
+    // A completion's tokens, echoed prompt and all.
+    let request = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 20, "temperature": 0.8,
+        "seed": 3, "logprobs": 5, "echo": true});
+    let (status, whole) = server.complete(&request);
+    assert_eq!(status, 200, "{whole}");
+    let logprobs = &whole["choices"][0]["logprobs"];
+    assert_eq!(logprobs["tokens"].as_array().unwrap().len(), 26);
+    assert_logprobs_are_the_models(&run, logprobs);
+    let expected = generated(
+        &run,
+        "ROMEO:",
+        SamplingParams {
+            temperature: 0.8,
+            ..SamplingParams::default()
+        },
+        1,
+        3,
+        20,
+    );
+    assert_eq!(
+        whole["choices"][0]["text"],
+        format!("ROMEO:{}", expected[0])
+    );
+
+    // Streamed: each chunk carries the tokens of its text, and together they are the whole's.
+    let mut streamed_request = request.clone();
+    streamed_request["stream"] = json!(true);
+    let (status, _, stream) =
+        server.post_raw("/v1/completions", &streamed_request.to_string(), None);
+    assert_eq!(status, 200, "{stream}");
+    let mut together =
+        json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for event in events(&stream) {
+        let Ok(chunk) = serde_json::from_str::<Value>(&event) else {
+            continue;
+        };
+        let choice = &chunk["choices"][0];
+        if choice["finish_reason"].is_string() {
+            continue;
+        }
+        let lp = &choice["logprobs"];
+        let joined: String = lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(joined, choice["text"].as_str().unwrap(), "{chunk}");
+        for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            together[field]
+                .as_array_mut()
+                .unwrap()
+                .extend(lp[field].as_array().unwrap().iter().cloned());
+        }
+    }
+    assert_eq!(&together, logprobs);
+
+    // A stop string: the text ends before it, and so do the tokens.
+    let completion: String = expected[0].clone();
+    let stop: String = completion.chars().skip(8).take(2).collect();
+    let mut stopped = request.clone();
+    stopped["stop"] = json!([stop]);
+    let (status, answer) = server.complete(&stopped);
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    let tokens = answer["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap();
+    let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined, text);
+    assert!(
+        text.len() < 6 + completion.len() && !text[6..].contains(&stop),
+        "{text:?} {stop:?}"
+    );
+
+    // Bad values name the parameter.
+    for (field, value) in [
+        ("logprobs", json!(6)),
+        ("logprobs", json!(-1)),
+        ("logprobs", json!("x")),
+    ] {
+        let mut bad = json!({"model": "tiny", "prompt": "A"});
+        bad[field] = value;
+        let (status, answer) = server.complete(&bad);
+        assert_eq!(
+            (status, &answer["error"]["param"]),
+            (400, &json!(field)),
+            "{answer}"
+        );
+    }
 }
 
 #[test]
@@ -542,7 +994,7 @@ fn concurrent_requests_are_decoded_together_each_with_generates_text() {
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: None,
-        top_p: None,
+        ..SamplingParams::default()
     };
     let cases = [
         ("ROMEO:", 30, 1, 1),

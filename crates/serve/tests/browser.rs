@@ -223,7 +223,7 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
         let sampling = SamplingParams {
             temperature: 0.8,
             top_k: Some(200),
-            top_p: None,
+            ..SamplingParams::default()
         };
         let expected = generated(&run, "ROMEO:", sampling, 1, 5, 150);
         // The browser's text is what it renders: lines without their trailing spaces.

@@ -274,7 +274,7 @@ fn a_run_trained_while_served_is_seen_training_and_its_new_checkpoints_are_serve
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: None,
-        top_p: None,
+        ..SamplingParams::default()
     };
     assert_eq!(
         whole["choices"][0]["text"],
@@ -346,7 +346,7 @@ fn a_request_running_when_a_new_best_arrives_finishes_on_the_model_it_started_wi
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: None,
-        top_p: None,
+        ..SamplingParams::default()
     };
     let old_text = generated(&old, "ROMEO:", sampling, 1, 11, tokens).remove(0);
     assert_eq!(texts[0].0.chars().count(), tokens);

@@ -141,7 +141,9 @@ impl From<EngineError> for ApiError {
                 "request_timeout",
                 message,
             ),
-            EngineError::BadPrompt { .. } => Self::invalid("prompt", message),
+            EngineError::BadPrompt { .. } | EngineError::PromptTooLong { .. } => {
+                Self::invalid("prompt", message)
+            }
             EngineError::BadText(_) => Self::invalid("text", message),
             EngineError::Model(e) => e.into(),
             EngineError::WorkerGone | EngineError::Failed => Self::server(message),

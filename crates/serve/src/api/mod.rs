@@ -10,5 +10,5 @@ mod request;
 mod response;
 
 pub use error::ApiError;
-pub use request::{Limits, MAX_PROMPTS, StreamUsage, parse_completion};
-pub use response::{Header, Usage, now};
+pub use request::{Limits, MAX_PROMPTS, StreamUsage, parse_completion, parse_json};
+pub use response::{Choice, Header, Usage, now};

@@ -13,6 +13,9 @@ use crate::engine::Job;
 /// Prompts one request may hold.
 pub const MAX_PROMPTS: usize = 16;
 
+/// The most alternatives `logprobs` may ask for (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 5;
+
 /// Characters of one stop string.
 pub const MAX_STOP_CHARS: usize = 256;
 
@@ -55,10 +58,10 @@ struct StreamOptions {
     continuous_usage_stats: Option<bool>,
 }
 
-/// `POST /v1/completions`'s body: OpenAI's fields and cinder's extension `top_k`. Fields
-/// OpenAI has and cinder cannot serve are read so that they can be refused by name, and so are
-/// other servers' samplers (`min_p`, `repetition_penalty`); any other field is a 400 naming it,
-/// as OpenAI's API answers, so that a misspelt sampler is never silently off.
+/// `POST /v1/completions`'s body: OpenAI's fields and the extensions `top_k`, `min_p` and
+/// `repetition_penalty` (vLLM's and llama.cpp's). Fields OpenAI has and cinder cannot serve are
+/// read so that they can be refused by name; any other field is a 400 naming it, as OpenAI's API
+/// answers, so that a misspelt sampler is never silently off.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CompletionRequest {
@@ -91,6 +94,8 @@ struct CompletionRequest {
 #[derive(Debug)]
 pub struct Completion {
     pub job: Job,
+    /// Whether each choice carries its tokens' log-probabilities.
+    pub logprobs: bool,
     pub stream: bool,
     pub usage: StreamUsage,
 }
@@ -104,14 +109,15 @@ pub struct StreamUsage {
     pub on_every_chunk: bool,
 }
 
-/// Reads and checks a completion request's body; every refusal is a 400 naming its `param`.
-pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiError> {
+/// Reads a request's JSON body as `T`; a body that is not a JSON object is a 400, and so is a
+/// field unknown, missing or of the wrong kind, naming it.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::malformed("the body must be a JSON object"));
     }
-    let r: CompletionRequest = serde_path_to_error::deserialize(value).map_err(|e| {
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = path.split(['.', '[']).next().unwrap_or("").to_string();
         let message = e.into_inner().to_string();
@@ -128,7 +134,12 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             return ApiError::invalid(missing, message.clone());
         }
         ApiError::invalid(&param, format!("{param}: {message}"))
-    })?;
+    })
+}
+
+/// Reads and checks a completion request's body; every refusal is a 400 naming its `param`.
+pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiError> {
+    let r: CompletionRequest = parse_json(body)?;
 
     let unsupported = |param: &str, what: &str| {
         Err(ApiError::invalid(
@@ -136,12 +147,19 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             format!("{param}: {what} is not supported by cinder"),
         ))
     };
-    if r.echo == Some(true) {
-        return unsupported("echo", "echoing the prompt");
-    }
-    if r.logprobs.is_some_and(|l| !l.is_null()) {
-        return unsupported("logprobs", "returning log-probabilities");
-    }
+    let echo = r.echo.unwrap_or(false);
+    let logprobs = match r.logprobs {
+        None | Some(Value::Null) => None,
+        Some(n) => match n.as_u64().filter(|&n| n <= MAX_LOGPROBS as u64) {
+            Some(n) => Some(n as usize),
+            None => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs is {n}, but it must be 0 to {MAX_LOGPROBS} (or null)"),
+                ));
+            }
+        },
+    };
     if r.logit_bias.is_some_and(|b| !b.is_empty()) {
         return unsupported("logit_bias", "biasing tokens");
     }
@@ -150,18 +168,6 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
     }
     if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return unsupported("suffix", "a suffix (insertion)");
-    }
-    for (param, value, neutral) in [
-        ("presence_penalty", r.presence_penalty, 0.0),
-        ("frequency_penalty", r.frequency_penalty, 0.0),
-        ("repetition_penalty", r.repetition_penalty, 1.0),
-    ] {
-        if value.is_some_and(|v| v != neutral) {
-            return unsupported(param, "a penalty");
-        }
-    }
-    if r.min_p.is_some_and(|p| p != 0.0) {
-        return unsupported("min_p", "min_p sampling");
     }
 
     // No prompt, or an empty one: sample from the start, as `generate` does.
@@ -194,12 +200,15 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
         ));
     }
     let max_tokens = r.max_tokens.unwrap_or(16);
-    if !(1..=limits.max_tokens as i64).contains(&max_tokens) {
+    // With echo, 0 scores the prompt without generating.
+    let least = if echo { 0 } else { 1 };
+    if !(least..=limits.max_tokens as i64).contains(&max_tokens) {
         return Err(ApiError::invalid(
             "max_tokens",
             format!(
-                "max_tokens is {max_tokens}, but it must be 1 to {}",
-                limits.max_tokens
+                "max_tokens is {max_tokens}, but it must be {least} to {}{}",
+                limits.max_tokens,
+                if echo { "" } else { " (0 only with echo)" }
             ),
         ));
     }
@@ -229,21 +238,20 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             format!("temperature is {temperature}, but it must be 0 (greedy) to 2"),
         ));
     }
+    // OpenAI's samplers at OpenAI's defaults; the checks are `generate`'s.
     let top_p = r.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            "top_p",
-            format!("top_p is {top_p}, but it must be in (0, 1]"),
-        ));
-    }
-    if let Some(k) = r.top_k
-        && k < 1
-    {
-        return Err(ApiError::invalid(
-            "top_k",
-            format!("top_k is {k}, but it must be at least 1"),
-        ));
-    }
+    let sampling = SamplingParams {
+        temperature: temperature as f32,
+        top_k: r.top_k.map(|k| k.max(0) as usize),
+        top_p: (top_p != 1.0).then_some(top_p as f32),
+        min_p: r.min_p.map(|p| p as f32),
+        presence_penalty: r.presence_penalty.unwrap_or(0.0) as f32,
+        frequency_penalty: r.frequency_penalty.unwrap_or(0.0) as f32,
+        repetition_penalty: r.repetition_penalty.unwrap_or(1.0) as f32,
+    };
+    sampling
+        .check()
+        .map_err(|e| ApiError::invalid(e.param, e.to_string()))?;
     let stop = r.stop.map(OneOrMany::into_vec).unwrap_or_default();
     if stop.len() > 4
         || stop
@@ -272,15 +280,14 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
             prompts,
             n: n as usize,
             max_tokens: max_tokens as usize,
-            sampling: SamplingParams {
-                temperature: temperature as f32,
-                top_k: r.top_k.map(|k| k as usize),
-                top_p: (top_p < 1.0).then_some(top_p as f32),
-            },
+            sampling,
             seed,
             stop,
+            logprobs,
+            echo,
             deadline: Instant::now() + limits.timeout,
         },
+        logprobs: logprobs.is_some(),
         stream,
         usage,
     })

@@ -1,23 +1,18 @@
-//! `inspect`'s attention maps of a short text, the page's work item: queued and run by the
-//! worker as a completion is, as the worker owns the loaded models.
+//! `inspect`'s attention maps of a short text, for the page: a task the worker runs
+//! ([`super::Queue::inspect`]).
 
 use cinder::inspect::AttentionMaps;
 use cinder::sampling::prompt_ids;
 
 use super::error::EngineError;
-use crate::models::Models;
+use crate::models::Loaded;
 
 /// Tokens of text whose attention maps a request may ask for.
-pub(super) const MAX_ATTENTION_TOKENS: usize = 64;
+pub const MAX_ATTENTION_TOKENS: usize = 64;
 
 /// `inspect`'s attention maps of the first [`MAX_ATTENTION_TOKENS`] tokens of `text` (at most
-/// the model's context) under model `id`.
-pub(super) fn attention(
-    models: &mut Models,
-    id: &str,
-    text: &str,
-) -> Result<AttentionMaps, EngineError> {
-    let model = models.get(id)?;
+/// the model's context) under `model`.
+pub fn attention(model: &Loaded, text: &str) -> Result<AttentionMaps, EngineError> {
     let mut ids = prompt_ids(&model.tokenizer, text, false).map_err(EngineError::BadText)?;
     ids.truncate(MAX_ATTENTION_TOKENS.min(model.gpt.block_size()));
     let tokens = ids

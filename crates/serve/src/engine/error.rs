@@ -25,6 +25,17 @@ pub enum EngineError {
     /// Prompt `index` of the request cannot be continued by the model.
     #[error("prompt {index}: {source}")]
     BadPrompt { index: usize, source: PromptError },
+    /// Prompt `index`, to be scored (`echo` with `logprobs`), is longer than the model's
+    /// context.
+    #[error(
+        "prompt {index} has {tokens} tokens, but this model's context is {context} tokens: \
+         log-probabilities of a prompt (echo) need it whole in one window"
+    )]
+    PromptTooLong {
+        index: usize,
+        tokens: usize,
+        context: usize,
+    },
     /// The text whose attention maps were asked for cannot be read by the model.
     #[error("text: {0}")]
     BadText(#[source] PromptError),

@@ -16,9 +16,10 @@
 //! - [`worker`]: the generation thread and its batches;
 //! - [`running`] and [`choice`]: a request in a batch, and each of its choices;
 //! - [`stop`]: stop strings in a growing text;
-//! - [`attention`]: `inspect`'s attention maps, the page's other work item.
+//! - [`attention`]: `inspect`'s attention maps, a task for the page
+//!   ([`Queue::inspect`] runs such tasks on a loaded model).
 
-mod attention;
+pub mod attention;
 mod choice;
 mod error;
 mod job;
@@ -29,5 +30,5 @@ mod stop;
 mod worker;
 
 pub use error::EngineError;
-pub use job::{Event, Finish, Job};
+pub use job::{Event, Finish, Job, TokenLogprob};
 pub use queue::Queue;

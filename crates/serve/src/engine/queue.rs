@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use cinder::inspect::AttentionMaps;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -13,7 +12,7 @@ use super::error::EngineError;
 use super::job::{Event, Job};
 use super::load::{Claim, Load, Place};
 use super::worker::{self, Work};
-use crate::models::Models;
+use crate::models::{Loaded, Models};
 
 /// The sending end of the worker's queue.
 #[derive(Clone)]
@@ -46,22 +45,21 @@ impl Queue {
         self.enqueue(job.rows(), |claim| Work::Complete(job, events, claim))
     }
 
-    /// The attention maps of `text` (its first
-    /// [`MAX_ATTENTION_TOKENS`](super::attention::MAX_ATTENTION_TOKENS) tokens) under model
-    /// `model`, queued as a completion is.
-    pub async fn attention(
+    /// What `task` makes of model `model` (a short piece of work: the page's attention maps,
+    /// tokenizing), run by the worker, which owns the loaded models, and queued as a
+    /// completion is. A task that panics fails alone.
+    pub async fn inspect<T: Send + 'static>(
         &self,
         model: String,
-        text: String,
-    ) -> Result<AttentionMaps, EngineError> {
+        task: impl FnOnce(&Loaded) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, EngineError> {
         let (reply, answer) = oneshot::channel();
-        let _place = self.enqueue(0, |claim| Work::Attention {
-            model,
-            text,
-            reply,
-            claim,
-        })?;
-        answer.await.unwrap_or(Err(EngineError::WorkerGone))
+        let task = Box::new(move |loaded: Result<&Loaded, EngineError>| {
+            let _ = reply.send(loaded.and_then(task));
+        });
+        let _place = self.enqueue(0, |claim| Work::Inspect { model, task, claim })?;
+        // The reply is dropped unsent only if the task panicked.
+        answer.await.unwrap_or(Err(EngineError::Failed))
     }
 
     /// Takes `rows` rows' request if the batch has room for it now and nobody waits, or else

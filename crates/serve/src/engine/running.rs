@@ -6,14 +6,15 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use cinder::sampling::generate::Picker;
-use cinder::sampling::{DEFAULT_PROMPT, prompt_ids};
+use cinder::sampling::{DEFAULT_PROMPT, TokenProbs, prompt_ids, token_probs, token_text};
 use cinder_data::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::choice::Choice;
 use super::error::EngineError;
-use super::job::{Event, Job};
+use super::job::{Event, Job, TokenLogprob};
 use super::load::Load;
+use crate::models::Loaded;
 
 /// How a request left the batch.
 pub(super) enum End {
@@ -29,6 +30,7 @@ pub(super) enum End {
 /// per prompt. Dropped before it finishes (a panic in the batch), it frees its place and fails.
 pub(super) struct Running<'t> {
     job: Job,
+    tokenizer: &'t Tokenizer,
     events: UnboundedSender<Event>,
     load: Arc<Load>,
     /// Each prompt's tokens, its picker (`generate`'s random stream for the seed) and its
@@ -42,14 +44,15 @@ pub(super) struct Running<'t> {
 }
 
 impl<'t> Running<'t> {
-    /// The request `job`, its prompts encoded, `Started` sent; `None` if its client left; an
-    /// error (with the events' sender) if it cannot be served.
+    /// The request `job`, its prompts encoded, `Started` sent (and with `echo`, the prompts);
+    /// `None` if its client left; an error (with the events' sender) if it cannot be served.
     pub(super) fn admit(
         job: Job,
         events: UnboundedSender<Event>,
-        tokenizer: &'t Tokenizer,
+        model: &'t Loaded,
         load: &Arc<Load>,
     ) -> Result<Option<Self>, (UnboundedSender<Event>, EngineError)> {
+        let tokenizer = &model.tokenizer;
         if load.stopping.load(Ordering::SeqCst) {
             return Err((events, EngineError::ShuttingDown));
         }
@@ -60,6 +63,7 @@ impl<'t> Running<'t> {
             return Err((events, EngineError::TimedOut));
         }
         let mut prompts = Vec::with_capacity(job.prompts.len());
+        let mut echoes = Vec::new();
         for (index, prompt) in job.prompts.iter().enumerate() {
             // An empty prompt samples from the start, as `generate` does without one.
             let prompt = if prompt.is_empty() {
@@ -71,19 +75,60 @@ impl<'t> Running<'t> {
                 Ok(ids) => ids,
                 Err(source) => return Err((events, EngineError::BadPrompt { index, source })),
             };
+            let echoed = if job.echo {
+                let context = model.gpt.block_size();
+                if job.logprobs.is_some() && ids.len() > context {
+                    let tokens = ids.len();
+                    return Err((
+                        events,
+                        EngineError::PromptTooLong {
+                            index,
+                            tokens,
+                            context,
+                        },
+                    ));
+                }
+                let text = tokenizer.decode(&ids);
+                let logprobs = match job.logprobs {
+                    Some(top) => scored(model, &ids, top),
+                    None => Vec::new(),
+                };
+                let length = text.chars().count();
+                echoes.push((index, text, logprobs));
+                length
+            } else {
+                0
+            };
             let choices = (0..job.n)
-                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop))
+                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop, echoed))
                 .collect();
-            let picker = Picker::new(job.sampling, job.seed, tokenizer.vocab_size());
+            let picker = Picker::new(job.sampling, job.seed, tokenizer.vocab_size(), &ids, job.n);
             prompts.push((ids, picker, choices));
         }
         let prompt_tokens = prompts.iter().map(|(ids, _, _)| ids.len()).sum();
         if events.send(Event::Started { prompt_tokens }).is_err() {
             return Ok(None);
         }
+        for (index, text, logprobs) in echoes {
+            for c in 0..job.n {
+                let (index, text, logprobs) = (index * job.n + c, text.clone(), logprobs.clone());
+                if events
+                    .send(Event::Text {
+                        index,
+                        text,
+                        written: 0,
+                        logprobs,
+                    })
+                    .is_err()
+                {
+                    return Ok(None);
+                }
+            }
+        }
         load.start(job.rows());
         Ok(Some(Self {
             job,
+            tokenizer,
             events,
             load: load.clone(),
             prompts,
@@ -106,19 +151,31 @@ impl<'t> Running<'t> {
         self.job.rows()
     }
 
+    /// Whether it generates no token (`max_tokens` 0, with `echo`): it never joins a batch.
+    pub(super) fn scores_only(&self) -> bool {
+        self.job.max_tokens == 0
+    }
+
     /// Picks each row's next token from `logits` (this request's rows), as `generate` does,
     /// and sends what it makes of the choices' text. Returns the tokens, row by row.
     pub(super) fn pick(&mut self, logits: &[f32]) -> Vec<u32> {
         let per_prompt = logits.len() / self.prompts.len();
+        let v = logits.len() / self.row_count();
+        let vocab = self.tokenizer.vocab_size().min(v);
         let mut tokens = Vec::with_capacity(self.row_count());
         for ((_, picker, choices), logits) in self.prompts.iter_mut().zip(logits.chunks(per_prompt))
         {
-            for (choice, token) in choices.iter_mut().zip(picker.pick(logits, self.job.n)) {
+            let picked = picker.pick(logits);
+            for ((choice, token), row) in choices.iter_mut().zip(picked).zip(logits.chunks(v)) {
                 tokens.push(token);
                 if !choice.finished() {
                     self.completion_tokens += 1;
                     let written = self.completion_tokens;
-                    self.gone |= choice.push(token, written, &self.events).is_err();
+                    let logprob = self
+                        .job
+                        .logprobs
+                        .map(|top| shown(self.tokenizer, &token_probs(&row[..vocab], token, top)));
+                    self.gone |= choice.push(token, logprob, written, &self.events).is_err();
                 }
             }
         }
@@ -170,6 +227,61 @@ impl<'t> Running<'t> {
             }
         }
     }
+}
+
+/// A token's log-probabilities as a choice shows them: the top tokens, and the token itself
+/// among them (OpenAI's `top_logprobs` hold up to `logprobs + 1`).
+fn shown(tokenizer: &Tokenizer, probs: &TokenProbs) -> TokenLogprob {
+    let mut top: Vec<(String, f32)> = probs
+        .top
+        .iter()
+        .map(|&(t, lp)| (token_text(tokenizer, t), lp))
+        .collect();
+    if probs.top.iter().all(|&(t, _)| t != probs.token) {
+        top.push((token_text(tokenizer, probs.token), probs.logprob));
+    }
+    TokenLogprob {
+        text: token_text(tokenizer, probs.token),
+        logprob: Some(probs.logprob),
+        top,
+        offset: 0,
+    }
+}
+
+/// The prompt `ids`' tokens with their log-probabilities under `model`, from one forward pass
+/// over the whole prompt (at most the context): the first token has none. Offsets are where
+/// each token's text starts in the prompt's.
+fn scored(model: &Loaded, ids: &[u32], top: usize) -> Vec<TokenLogprob> {
+    let (t, v) = (ids.len(), model.gpt.vocab_size());
+    let vocab = model.tokenizer.vocab_size().min(v);
+    let input = cinder::data::ids_tensor(ids, [1, t], &model.device);
+    let logits: Vec<f32> = model
+        .gpt
+        .forward(input)
+        .into_data()
+        .try_to_vec()
+        .expect("logits are f32");
+    let mut stream = cinder_data::TextStream::new(&model.tokenizer);
+    let mut offset = 0;
+    let mut tokens = Vec::with_capacity(t);
+    for (i, &id) in ids.iter().enumerate() {
+        let mut token = match i {
+            0 => TokenLogprob {
+                text: token_text(&model.tokenizer, id),
+                logprob: None,
+                top: Vec::new(),
+                offset: 0,
+            },
+            _ => shown(
+                &model.tokenizer,
+                &token_probs(&logits[(i - 1) * v..(i - 1) * v + vocab], id, top),
+            ),
+        };
+        token.offset = offset;
+        offset += stream.push(id).chars().count();
+        tokens.push(token);
+    }
+    tokens
 }
 
 impl Drop for Running<'_> {

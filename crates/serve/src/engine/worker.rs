@@ -6,27 +6,26 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
-use cinder::inspect::AttentionMaps;
 use cinder::sampling::generate::Decoder;
 use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::oneshot;
 
-use super::attention::attention;
 use super::error::EngineError;
 use super::job::{Event, Job};
 use super::load::{Claim, Load};
-use super::running::Running;
+use super::running::{End, Running};
 use crate::models::{Loaded, Models};
+
+/// A short piece of work on a loaded model, which replies to its client itself.
+pub(super) type Task = Box<dyn FnOnce(Result<&Loaded, EngineError>) + Send>;
 
 /// What the worker is asked to do, with the client's claim on its place.
 pub(super) enum Work {
     /// A completion request, whose events go to the sender.
     Complete(Job, UnboundedSender<Event>, Arc<Claim>),
-    /// `inspect`'s attention maps of a short text.
-    Attention {
+    /// A task on model `model` ([`super::Queue::inspect`]).
+    Inspect {
         model: String,
-        text: String,
-        reply: oneshot::Sender<Result<AttentionMaps, EngineError>>,
+        task: Task,
         claim: Arc<Claim>,
     },
 }
@@ -72,20 +71,17 @@ impl Worker {
                 },
             };
             match work {
-                Work::Attention {
-                    model,
-                    text,
-                    reply,
-                    claim,
-                } => {
+                Work::Inspect { model, task, claim } => {
                     if !claim.take() {
                         continue; // its client left
                     }
                     self.load.start(0);
-                    let run = AssertUnwindSafe(|| attention(&mut self.models, &model, &text));
-                    let outcome = std::panic::catch_unwind(run).unwrap_or(Err(EngineError::Failed));
+                    let run = AssertUnwindSafe(|| match self.models.get(&model) {
+                        Ok(loaded) => task(Ok(&loaded)),
+                        Err(e) => task(Err(e.into())),
+                    });
+                    let _ = std::panic::catch_unwind(run); // the task's reply is dropped
                     self.load.done(Some(0));
-                    let _ = reply.send(outcome);
                 }
                 Work::Complete(job, events, claim) => {
                     if !claim.take() {
@@ -158,7 +154,8 @@ impl Worker {
                 if claim.is_some_and(|claim| !claim.take()) {
                     continue; // its client left while it waited
                 }
-                match Running::admit(job, events, &model.tokenizer, &self.load) {
+                match Running::admit(job, events, &model, &self.load) {
+                    Ok(Some(request)) if request.scores_only() => request.finish(End::Complete),
                     Ok(Some(request)) => {
                         decoder.join(request.rows());
                         running.push(request);

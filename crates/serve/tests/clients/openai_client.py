@@ -41,6 +41,31 @@ for chunk in client.completions.create(
         usage = chunk.usage.model_dump()
 out["streamed"] = {"texts": texts, "finish": finish, "usage": usage}
 
+# Log-probabilities, whole and streamed (the same seed: the same tokens).
+logprobs = {}
+whole = client.completions.create(
+    model=model, prompt="ROMEO:", max_tokens=20, temperature=0.8, seed=3, logprobs=3)
+lp = whole.choices[0].logprobs
+logprobs["whole"] = {"text": whole.choices[0].text, "tokens": lp.tokens,
+                     "token_logprobs": lp.token_logprobs, "top_logprobs": lp.top_logprobs,
+                     "text_offset": lp.text_offset}
+streamed = {"text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+for chunk in client.completions.create(
+    model=model, prompt="ROMEO:", max_tokens=20, temperature=0.8, seed=3, logprobs=3,
+    stream=True,
+):
+    for c in chunk.choices:
+        streamed["text"] += c.text
+        if c.logprobs:
+            for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"]:
+                streamed[field] += getattr(c.logprobs, field)
+logprobs["streamed"] = streamed
+scored = client.completions.create(
+    model=model, prompt="ROMEO: my", max_tokens=0, echo=True, logprobs=0)
+logprobs["scored"] = {"text": scored.choices[0].text,
+                      "token_logprobs": scored.choices[0].logprobs.token_logprobs}
+out["logprobs"] = logprobs
+
 
 def error(call):
     try:

@@ -62,7 +62,7 @@ pub fn train_binary() -> PathBuf {
 }
 
 /// A run folder `runs/<name>` under `dir`, trained by `train` with the tiny recipe, changed by
-/// `changes` (flag without `--`, value).
+/// `changes` (flag without `--`, value; flags the recipe does not set are added).
 pub fn train(dir: &Path, name: &str, changes: &[(&str, &str)]) -> PathBuf {
     let corpus = corpus(dir);
     let run = dir.join("runs").join(name);
@@ -73,6 +73,12 @@ pub fn train(dir: &Path, name: &str, changes: &[(&str, &str)]) -> PathBuf {
             .iter()
             .find(|(f, _)| f == flag)
             .map_or(*value, |(_, v)| *v);
+        command.arg(format!("--{flag}")).arg(value);
+    }
+    for (flag, value) in changes
+        .iter()
+        .filter(|(f, _)| TINY.iter().all(|(t, _)| t != f))
+    {
         command.arg(format!("--{flag}")).arg(value);
     }
     let out = command.output().unwrap();
