@@ -62,6 +62,56 @@ fn train_then_generate_exactly_the_requested_characters() {
     assert_ne!(sample("8"), text, "another seed, another text");
 }
 
+/// `generate --show-probs --alternatives 3`: greedy text picks the most likely token, which the
+/// table shows first among the alternatives; colours only where asked for (not to a pipe).
+#[test]
+fn generate_shows_each_tokens_probability_and_alternatives() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(dir.path()).arg("--out").arg(&run).assert().success();
+    let args = [
+        "--max-new-tokens",
+        "20",
+        "--quiet",
+        "--temperature",
+        "0",
+        "--prompt",
+        "ROMEO:",
+    ];
+    let out =
+        common::stdout_of(
+            generate(&run)
+                .args(args)
+                .args(["--show-probs", "--alternatives", "3"]),
+        );
+    assert!(!out.contains('\u{1b}'), "no colour to a pipe: {out:?}");
+    let plain = common::stdout_of(generate(&run).args(args));
+    let (text, table) = out.split_once("--- the first sample's tokens").unwrap();
+    assert_eq!(text, plain);
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 20, "{table}");
+    for row in rows {
+        // "    3        "e" 0.412: "e" 0.412, "a" 0.301, " " 0.120"
+        let (chosen, alternatives) = row.split_once(": ").unwrap();
+        let (_position, chosen) = chosen.trim_start().split_once(' ').unwrap();
+        assert_eq!(alternatives.matches(", ").count(), 2, "{row}");
+        assert!(
+            alternatives.starts_with(chosen.trim_start()),
+            "greedy picks the first: {row}"
+        );
+    }
+    let coloured = generate(&run)
+        .args(args)
+        .arg("--show-probs")
+        .env("CLICOLOR_FORCE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&coloured.stdout).contains("\u{1b}["),
+        "colours when forced"
+    );
+}
+
 #[test]
 fn several_samples_are_separated_and_the_summary_goes_to_stderr() {
     let dir = tempfile::tempdir().unwrap();

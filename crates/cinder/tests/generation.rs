@@ -214,11 +214,11 @@ fn sampling_loops_on_different_threads_do_not_wait_for_each_other() {
     std::thread::scope(|scope| {
         let (model, opts, device) = (&model, &opts, &device);
         let mut first = true;
-        generate(model, &[1], opts, device, move |_, _| {
+        generate(model, &[1], opts, device, move |_| {
             if std::mem::take(&mut first) {
                 let done = done.clone();
                 scope.spawn(move || {
-                    generate(model, &[2], opts, device, |_, _| {});
+                    generate(model, &[2], opts, device, |_| {});
                     done.send(()).unwrap();
                 });
                 let waited = finished.recv_timeout(std::time::Duration::from_secs(20));
@@ -254,7 +254,7 @@ fn greedy_text_is_the_same_with_and_without_the_cache() {
     };
     let text = |ops, use_cache| {
         let model = model.clone().with_ops(ops);
-        generate(&model, &[1, 2], &opts(use_cache), &device, |_, _| {})
+        generate(&model, &[1, 2], &opts(use_cache), &device, |_| {})
     };
     let a = text(Ops::Composite, true);
     assert_eq!(a[0].len(), 30);
@@ -293,7 +293,7 @@ fn sampling_never_picks_a_padding_id() {
         use_cache: true,
         tokens: 3,
     };
-    let texts = generate(&model, &[1, 2], &opts, &device, |_, _| {});
+    let texts = generate(&model, &[1, 2], &opts, &device, |_| {});
     for text in texts {
         assert!(text.iter().all(|&id| id < 3), "{text:?}");
     }

@@ -582,7 +582,7 @@ fn a_padded_vocabulary_loads_and_samples_known_tokens() {
             tokens,
         };
         let prompt = prompt_ids(&loaded.tokenizer, DEFAULT_PROMPT, false).unwrap();
-        generate(&loaded.model, &prompt, &opts, &device, |_, _| {}).remove(0)
+        generate(&loaded.model, &prompt, &opts, &device, |_| {}).remove(0)
     };
     let blind = sample(padded);
     assert!(

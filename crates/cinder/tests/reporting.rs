@@ -151,6 +151,88 @@ fn evaluate_prefers_the_text_a_model_overfit() {
     assert!((perplexity - train_loss.exp()).abs() < 1e-2 * perplexity);
 }
 
+/// `evaluate --per-token FILE`: a line per predicted token, whose surprises average to the loss
+/// `evaluate` prints without it; the file is never overwritten.
+#[test]
+fn evaluate_per_token_writes_each_surprise_and_their_mean_is_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    Command::cargo_bin("train")
+        .unwrap()
+        .current_dir(dir.path())
+        .arg("--data")
+        .arg(common::corpus_in(dir.path()))
+        .args(["--out", "run"])
+        .args(tiny_flags_with(&[]))
+        .assert()
+        .success();
+    let text = "ROMEO:\nWhat, shall this speech be spoke for our excuse?\nOr shall we on";
+    std::fs::write(dir.path().join("text.txt"), text).unwrap();
+    let evaluate = |extra: &[&str]| {
+        let mut cmd = Command::cargo_bin("evaluate").unwrap();
+        cmd.current_dir(dir.path())
+            .args(["--checkpoint", "run", "--data", "text.txt", "--quiet"])
+            .args(extra);
+        cmd
+    };
+    let loss = |out: String| -> f64 { out.split_whitespace().nth(1).unwrap().parse().unwrap() };
+    let plain = loss(common::stdout_of(&mut evaluate(&[])));
+    let with_file = loss(common::stdout_of(&mut evaluate(&[
+        "--per-token",
+        "tokens.csv",
+    ])));
+    assert!((plain - with_file).abs() < 2e-4, "{plain} vs {with_file}");
+
+    let csv = std::fs::read_to_string(dir.path().join("tokens.csv")).unwrap();
+    let records = parse_csv(&csv);
+    assert_eq!(
+        records[0],
+        ["position", "id", "token", "surprise_nats", "surprise_bits"]
+    );
+    // A text of 70 characters and a context of 16 predictions: 4 windows, 64 predicted.
+    let rows = &records[1..];
+    assert_eq!(rows.len(), 64, "{csv}");
+    let chars: Vec<char> = text.chars().collect();
+    let mut total = 0.0;
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], (i + 1).to_string());
+        assert_eq!(row[2], chars[i + 1].to_string(), "row {i}: {row:?}");
+        let (nats, bits): (f64, f64) = (row[3].parse().unwrap(), row[4].parse().unwrap());
+        assert!(nats > 0.0 && (bits - nats / std::f64::consts::LN_2).abs() < 1e-5);
+        total += nats;
+    }
+    assert!(
+        (total / 64.0 - plain).abs() < 2e-4,
+        "{} vs {plain}",
+        total / 64.0
+    );
+    common::fails_with(
+        &mut evaluate(&["--per-token", "tokens.csv"]),
+        &["tokens.csv exists already"],
+    );
+}
+
+/// The records of a CSV text: fields split at commas outside quotes, quotes doubled inside.
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let (mut records, mut record, mut field) = (Vec::new(), Vec::new(), String::new());
+    let (mut quoted, mut chars) = (false, text.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => record.push(std::mem::take(&mut field)),
+            ('\n', false) => {
+                record.push(std::mem::take(&mut field));
+                records.push(std::mem::take(&mut record));
+            }
+            (c, _) => field.push(c),
+        }
+    }
+    records
+}
+
 #[test]
 fn each_evaluation_samples_what_generate_writes_and_the_losses_do_not_change() {
     let dir = tempfile::tempdir().unwrap();

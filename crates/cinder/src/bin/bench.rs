@@ -137,7 +137,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 tokens: model.vocab_size(),
             };
             let start = Instant::now();
-            generate(&model, &[0], &opts, &device, |_, _| {});
+            generate(&model, &[0], &opts, &device, |_| {});
             let secs = start.elapsed().as_secs_f64();
             out["tokens"] = tokens.into();
             out["cache"] = (!no_cache).into();

@@ -7,7 +7,8 @@ use anyhow::{Context, bail};
 use cinder::cli::{RunOn, exit_on_error};
 use cinder::data::{TokenizerChoice, TrainingData};
 use cinder::device::Backend;
-use cinder::run::eval::text_loss;
+use cinder::run::eval::{TextLoss, text_loss, text_surprise};
+use cinder::sampling::token_text;
 use cinder::storage::checkpoint;
 use cinder::storage::names::READ;
 use cinder_data::{Corpus, Split, Tokenizer};
@@ -35,6 +36,10 @@ struct Args {
     /// Windows per batch
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
+    /// Also write each predicted token's surprise (-log p) to FILE as CSV: position, id, token,
+    /// surprise in nats and in bits (the loss printed is their mean). FILE must not exist
+    #[arg(long, value_name = "FILE")]
+    per_token: Option<PathBuf>,
     /// Print only the numbers line
     #[arg(long, short)]
     quiet: bool,
@@ -55,6 +60,14 @@ fn main() {
 fn run(args: Args) -> anyhow::Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size is 0, but it must be at least 1");
+    }
+    if let Some(path) = &args.per_token
+        && path.exists()
+    {
+        bail!(
+            "{} exists already: --per-token writes a new file (name another, or move it away)",
+            path.display()
+        );
     }
     let backend = Backend::select(args.run_on.device)?;
     let checkpoint::Loaded {
@@ -140,7 +153,18 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let model = model.with_ops(args.run_on.ops.into());
-    let result = text_loss(&model, &ids, args.batch_size, &backend.device, progress);
+    let result = match &args.per_token {
+        None => text_loss(&model, &ids, args.batch_size, &backend.device, progress),
+        Some(path) => {
+            let surprise = text_surprise(&model, &ids, args.batch_size, &backend.device, progress);
+            write_per_token(path, &tokenizer, &ids[1..=surprise.len()], &surprise)?;
+            let total: f64 = surprise.iter().map(|&s| f64::from(s)).sum();
+            TextLoss {
+                loss: total / surprise.len() as f64,
+                predicted: surprise.len(),
+            }
+        }
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -168,4 +192,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         result.bits_per_token()
     );
     Ok(())
+}
+
+/// Writes `surprise[i]` of token `ids[i]` (the i-th token predicted) as CSV to `path`, a new file.
+fn write_per_token(
+    path: &std::path::Path,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    surprise: &[f32],
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let file = std::fs::File::create_new(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let write = |out: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
+        writeln!(out, "position,id,token,surprise_nats,surprise_bits")?;
+        for (i, (&id, &s)) in ids.iter().zip(surprise).enumerate() {
+            // CSV quoting: the token in quotes, its quotes doubled.
+            let token = token_text(tokenizer, id).replace('"', "\"\"");
+            let bits = f64::from(s) / std::f64::consts::LN_2;
+            writeln!(out, "{},{id},\"{token}\",{s:.6},{bits:.6}", i + 1)?;
+        }
+        out.flush()
+    };
+    write(&mut out).with_context(|| format!("cannot write {}", path.display()))
 }

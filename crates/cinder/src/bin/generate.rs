@@ -7,9 +7,10 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use cinder::cli::{RunOn, exit_on_error};
 use cinder::device::Backend;
-use cinder::sampling::generate::{GenerateOptions, generate};
+use cinder::sampling::generate::{GenerateOptions, Token, generate};
 use cinder::sampling::{
-    DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, PromptError, SamplingParams, prompt_ids,
+    DEFAULT_PROMPT, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, PromptError, SamplingParams, TokenProbs,
+    prompt_ids, token_probs, token_text,
 };
 use cinder::storage::checkpoint;
 use cinder::storage::names::READ;
@@ -70,6 +71,15 @@ struct Args {
     /// context: exact windows, also with RoPE, whose cache slides)
     #[arg(long)]
     no_cache: bool,
+    /// Colour each token of the first sample by the probability the model gave it (its own,
+    /// before temperature, the cuts and the penalties): red under 0.1, yellow under 0.5, green
+    /// from 0.5. Only on a terminal (NO_COLOR turns it off)
+    #[arg(long)]
+    show_probs: bool,
+    /// After the first sample, list each of its tokens with its probability and the N most
+    /// likely tokens at that place
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    alternatives: usize,
     /// Print only the generated text (no prompt echo, separators or summary)
     #[arg(long, short)]
     quiet: bool,
@@ -147,9 +157,21 @@ fn run(args: Args) -> anyhow::Result<()> {
     // A token may end inside a character: the stream holds such bytes back until they decode.
     let mut stream = TextStream::new(&tokenizer);
     let model = model.with_ops(args.run_on.ops.into());
-    let samples = generate(&model, &prompt, &opts, &backend.device, |sample, token| {
-        if sample == 0 {
-            let _ = write!(out, "{}", stream.push(token));
+    let mut probs: Vec<TokenProbs> = Vec::new();
+    let samples = generate(&model, &prompt, &opts, &backend.device, |token: Token| {
+        if token.sample == 0 {
+            let piece = stream.push(token.id);
+            if args.show_probs || args.alternatives > 0 {
+                let p = token_probs(token.logits, token.id, args.alternatives);
+                let _ = write!(
+                    out,
+                    "{}",
+                    coloured(&piece, p.logprob.exp(), args.show_probs)
+                );
+                probs.push(p);
+            } else {
+                let _ = write!(out, "{piece}");
+            }
             let _ = out.flush();
         }
     });
@@ -163,6 +185,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         write!(out, "{}", tokenizer.decode(sample))?;
     }
     writeln!(out)?;
+    if args.alternatives > 0 {
+        write!(out, "{}", alternatives_table(&tokenizer, &probs))?;
+    }
     out.flush()?;
     if !args.quiet {
         let tokens = args.max_new_tokens * args.num_samples;
@@ -174,6 +199,44 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `piece` coloured by its probability `p` (if `show`, and colours are on: a terminal).
+fn coloured(piece: &str, p: f32, show: bool) -> String {
+    if !show {
+        return piece.to_string();
+    }
+    let style = match p {
+        p if p < 0.1 => console::Style::new().red(),
+        p if p < 0.5 => console::Style::new().yellow(),
+        _ => console::Style::new().green(),
+    };
+    style.apply_to(piece).to_string()
+}
+
+/// Each token of the first sample, its probability and the most likely tokens there, one line
+/// each: `position, token, probability: alternative probability, ...`.
+fn alternatives_table(tokenizer: &cinder_data::Tokenizer, probs: &[TokenProbs]) -> String {
+    let shown = |id: u32| format!("{:?}", token_text(tokenizer, id));
+    let mut table = String::from(
+        "--- the first sample's tokens: probability, and the most likely tokens there \
+         (the model's own, before temperature and the cuts)\n",
+    );
+    for (i, p) in probs.iter().enumerate() {
+        let alternatives: Vec<String> = p
+            .top
+            .iter()
+            .map(|&(t, lp)| format!("{} {:.3}", shown(t), lp.exp()))
+            .collect();
+        table += &format!(
+            "{:>5} {:>10} {:.3}: {}\n",
+            i + 1,
+            shown(p.token),
+            p.logprob.exp(),
+            alternatives.join(", ")
+        );
+    }
+    table
 }
 
 /// Refuses flag values that can't mean anything, naming the flag.

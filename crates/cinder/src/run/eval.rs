@@ -84,25 +84,90 @@ pub fn text_loss(
     device: &Device,
     mut progress: impl FnMut(usize, usize),
 ) -> TextLoss {
-    let block = model.block_size().min(ids.len().saturating_sub(1));
-    assert!(block > 0, "text_loss needs at least 2 ids");
-    let windows = (ids.len() - 1) / block;
+    let windows = Windows::of(model, ids);
     let mut total = 0.0f64;
-    for first in (0..windows).step_by(batch_size) {
-        let n = batch_size.min(windows - first);
-        let (mut x, mut y) = (Vec::with_capacity(n * block), Vec::with_capacity(n * block));
-        for w in first..first + n {
-            x.extend_from_slice(&ids[w * block..(w + 1) * block]);
-            y.extend_from_slice(&ids[w * block + 1..(w + 1) * block + 1]);
-        }
-        let x = crate::data::ids_tensor(&x, [n, block], device);
-        let y = crate::data::ids_tensor(&y, [n, block], device);
+    for (first, n) in windows.batches(batch_size) {
+        let (x, y) = windows.tensors(first, n, device);
         let mean = in_pool(|| model.loss(x, y, None).into_scalar::<f32>());
         total += f64::from(mean) * n as f64;
-        progress(first + n, windows);
+        progress(first + n, windows.count);
     }
     TextLoss {
-        loss: total / windows.max(1) as f64,
-        predicted: windows * block,
+        loss: total / windows.count.max(1) as f64,
+        predicted: windows.count * windows.block,
+    }
+}
+
+/// The surprise (`-log p`, in nats) of each token [`text_loss`] predicts, in order: its mean is
+/// [`text_loss`]'s loss, to float rounding. The logits come back to the host, so this is slower.
+pub fn text_surprise(
+    model: &Gpt,
+    ids: &[u32],
+    batch_size: usize,
+    device: &Device,
+    mut progress: impl FnMut(usize, usize),
+) -> Vec<f32> {
+    let windows = Windows::of(model, ids);
+    let v = model.vocab_size();
+    let mut surprise = Vec::with_capacity(windows.count * windows.block);
+    for (first, n) in windows.batches(batch_size) {
+        let (x, _) = windows.tensors(first, n, device);
+        let logits = in_pool(|| model.forward(x));
+        let logits: Vec<f32> = logits.into_data().try_to_vec().expect("logits are f32");
+        for (row, &target) in logits.chunks_exact(v).zip(windows.targets(first, n)) {
+            let norm = crate::sampling::log_normaliser(row);
+            surprise.push((norm - f64::from(row[target as usize])) as f32);
+        }
+        progress(first + n, windows.count);
+    }
+    surprise
+}
+
+/// `ids` cut into consecutive windows of `block` predictions each.
+struct Windows<'a> {
+    ids: &'a [u32],
+    block: usize,
+    count: usize,
+}
+
+impl<'a> Windows<'a> {
+    fn of(model: &Gpt, ids: &'a [u32]) -> Self {
+        let block = model.block_size().min(ids.len().saturating_sub(1));
+        assert!(block > 0, "measuring a text needs at least 2 ids");
+        Self {
+            ids,
+            block,
+            count: (ids.len() - 1) / block,
+        }
+    }
+
+    /// The first window and the number of windows of each batch of `batch_size`.
+    fn batches(&self, batch_size: usize) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let count = self.count;
+        (0..count)
+            .step_by(batch_size)
+            .map(move |first| (first, batch_size.min(count - first)))
+    }
+
+    /// The targets of windows `first..first + n`, window after window.
+    fn targets(&self, first: usize, n: usize) -> &'a [u32] {
+        &self.ids[first * self.block + 1..(first + n) * self.block + 1]
+    }
+
+    /// Inputs and targets `[n, block]` of windows `first..first + n`.
+    fn tensors(&self, first: usize, n: usize, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
+        let b = self.block;
+        let x: Vec<u32> = (first..first + n)
+            .flat_map(|w| &self.ids[w * b..(w + 1) * b])
+            .copied()
+            .collect();
+        let y: Vec<u32> = (first..first + n)
+            .flat_map(|w| &self.ids[w * b + 1..(w + 1) * b + 1])
+            .copied()
+            .collect();
+        (
+            crate::data::ids_tensor(&x, [n, b], device),
+            crate::data::ids_tensor(&y, [n, b], device),
+        )
     }
 }

@@ -25,6 +25,17 @@ pub struct GenerateOptions {
     pub tokens: usize,
 }
 
+/// A token `generate` chose, for its `on_token`.
+#[derive(Debug, Clone, Copy)]
+pub struct Token<'a> {
+    /// Which sample it continues.
+    pub sample: usize,
+    pub id: u32,
+    /// The logits it was chosen from, over the tokenizer's tokens: what the model thought
+    /// ([`crate::sampling::token_probs`]).
+    pub logits: &'a [f32],
+}
+
 /// What `generate`'s `on_token` says: nothing (go on), or whether to go on.
 pub trait TokenFlow {
     fn go_on(self) -> bool;
@@ -44,7 +55,7 @@ impl TokenFlow for ControlFlow<()> {
 
 /// Generates `num_samples` continuations of `prompt` (at least one token) as rows of one
 /// [`Decoder`], calling
-/// `on_token(sample, token)` as each token is chosen; an `on_token` that returns
+/// `on_token` with each [`Token`] as it is chosen; an `on_token` that returns
 /// `ControlFlow::Break` ends the generation after the current step. Returns the new tokens of
 /// every sample. It runs on the sampling thread ([`cinder_model::sampling`]).
 pub fn generate<F: TokenFlow>(
@@ -52,7 +63,7 @@ pub fn generate<F: TokenFlow>(
     prompt: &[u32],
     opts: &GenerateOptions,
     device: &Device,
-    mut on_token: impl FnMut(usize, u32) -> F + Send,
+    mut on_token: impl FnMut(Token<'_>) -> F + Send,
 ) -> Vec<Vec<u32>> {
     assert!(
         !prompt.is_empty(),
@@ -67,7 +78,7 @@ fn sample<F: TokenFlow>(
     prompt: &[u32],
     opts: &GenerateOptions,
     device: &Device,
-    on_token: &mut impl FnMut(usize, u32) -> F,
+    on_token: &mut impl FnMut(Token<'_>) -> F,
 ) -> Vec<Vec<u32>> {
     let n = opts.num_samples;
     let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens, prompt, n);
@@ -75,12 +86,16 @@ fn sample<F: TokenFlow>(
     decoder.join(vec![prompt.to_vec(); n]);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
-        let tokens = picker.pick(&decoder.next_logits());
+        let logits = decoder.next_logits();
+        let tokens = picker.pick(&logits);
+        let v = logits.len() / n;
+        let pickable = opts.tokens.min(v);
         let mut go_on = true;
-        for (s, token) in tokens.into_iter().enumerate() {
-            decoder.push(s, token);
-            out[s].push(token);
-            go_on &= on_token(s, token).go_on();
+        for (sample, id) in tokens.into_iter().enumerate() {
+            decoder.push(sample, id);
+            out[sample].push(id);
+            let logits = &logits[sample * v..sample * v + pickable];
+            go_on &= on_token(Token { sample, id, logits }).go_on();
         }
         if !go_on {
             break;

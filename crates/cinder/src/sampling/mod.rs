@@ -81,7 +81,7 @@ pub fn sample(
         use_cache: true,
         tokens: tokenizer.vocab_size(),
     };
-    let new = generate::generate(model, &prompt, &opts, device, |_, _| {});
+    let new = generate::generate(model, &prompt, &opts, device, |_| {});
     let mut all = prompt;
     all.extend(&new[0]);
     tokenizer.decode(&all)

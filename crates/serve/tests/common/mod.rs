@@ -262,7 +262,7 @@ pub fn generated(
         use_cache: true,
         tokens: loaded.tokenizer.vocab_size(),
     };
-    let samples = generate(&loaded.model, &ids, &opts, &device, |_, _| {});
+    let samples = generate(&loaded.model, &ids, &opts, &device, |_| {});
     samples.iter().map(|s| loaded.tokenizer.decode(s)).collect()
 }
 
