@@ -53,6 +53,8 @@ fn arch(meta: &Meta, params: Option<u64>) -> Value {
         "n_embd": c.n_embd,
         "block_size": c.block_size,
         "vocab_size": meta.vocab.vocab_size(),
+        // What a token is: how the page names a loss's unit, as `evaluate` does.
+        "tokenizer": meta.vocab.file().map_or(cinder_data::tokenizer::CHAR, |_| cinder_data::tokenizer::BPE),
         "params": params,
     })
 }

@@ -1,10 +1,12 @@
 //! The web page in a real headless Chromium, driven over WebDriver (Debian's `chromium` and
 //! `chromium-driver`): it lists the runs, draws a run's curves and shows its samples and
-//! attention maps, follows the curve while `train` resumes the run, and streams a completion into the playground (the
-//! text `generate` gives for the same seed).
+//! attention maps, follows the curve while `train` resumes the run, and streams a completion into
+//! the playground (the text `generate` gives for the same seed), each token shaded by its
+//! probability with its alternatives on hover; it scores a text to `evaluate`'s loss.
 //!
 //! Without Chromium the test says so and passes, except under `CI=true`, where it fails.
-//! With `CINDER_SCREENSHOTS=DIR` it writes `DIR/run.png` and `DIR/playground.png` (the README's).
+//! With `CINDER_SCREENSHOTS=DIR` it writes the README's pictures to `DIR`: `serve-run.png`,
+//! `serve-playground.png`, `serve-probabilities.png` and `serve-score.png`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -166,7 +168,7 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
             Some("60")
         );
         assert!(client.find("#curve canvas").is_ok());
-        screenshot(&client, "run.png");
+        screenshot(&client, "serve-run.png");
 
         // The attention maps of the default text: a layer and a head to choose.
         client.find("#attention-go").unwrap().click().unwrap();
@@ -218,7 +220,11 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
         text_when(&client, "#finish", |t| t.contains("stopped"));
         let speed = text_when(&client, "#speed", |t| t.contains("tokens/s"));
         assert!(speed.starts_with("150 tokens"), "{speed}");
-        let output = client.find("#output").unwrap().text().unwrap();
+        // The page's text, token spans and all (WebDriver's rendered text drops a span that
+        // holds only a newline).
+        let output = client
+            .execute("return document.querySelector('#output').textContent;")
+            .unwrap();
         // The page's defaults: temperature 0.8, top-k 200.
         let sampling = SamplingParams {
             temperature: 0.8,
@@ -226,9 +232,75 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
             ..SamplingParams::default()
         };
         let expected = generated(&run, "ROMEO:", sampling, 1, 5, 150);
-        // The browser's text is what it renders: lines without their trailing spaces.
-        let trim = |s: &str| s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
-        assert_eq!(trim(&output), trim(&format!("ROMEO:{}", expected[0])));
-        screenshot(&client, "playground.png");
+        assert_eq!(output, format!("ROMEO:{}", expected[0]));
+        screenshot(&client, "serve-playground.png");
+
+        // Every generated character is a token shaded by its probability; hovering one shows
+        // the 5 most likely tokens there, most likely first, and its own probability.
+        let tokens = client.find_all("#output .completion .tok").unwrap();
+        assert_eq!(tokens.len(), 150);
+        let token = &tokens[20];
+        let p: f64 = token.attr("data-p").unwrap().unwrap().parse().unwrap();
+        token.hover().unwrap();
+        let alternatives = text_when(&client, "#alts", |t| t.contains("surprise"));
+        let percent = |s: &str| -> f64 { s.trim_end_matches('%').parse().unwrap() };
+        let head = alternatives.lines().next().unwrap();
+        let shown = head.split_whitespace().find(|w| w.ends_with('%')).unwrap();
+        assert!((percent(shown) - 100.0 * p).abs() < 0.06, "{head} vs {p}");
+        let rows: Vec<f64> = alternatives
+            .lines()
+            .skip(1)
+            .map(|row| percent(row.split_whitespace().last().unwrap()))
+            .collect();
+        assert!((5..=6).contains(&rows.len()), "{alternatives}");
+        assert!(rows[..5].is_sorted_by(|a, b| a >= b), "{alternatives}");
+        assert!(rows[0] >= 100.0 * p - 0.06, "{alternatives}");
+        screenshot(&client, "serve-probabilities.png");
+
+        // Score a text: evaluate's loss on it, each token shaded by its surprise.
+        let text = "ROMEO:\nBut soft, what light through yonder window breaks?";
+        let field = client.find("#score-text").unwrap();
+        field.clear().unwrap();
+        field.send_keys(text).unwrap();
+        client.find("#score").unwrap().click().unwrap();
+        let figures = text_when(&client, "#score-figures", |t| t.contains("loss"));
+        let shown: f64 = figures
+            .split("loss ")
+            .nth(1)
+            .and_then(|f| f.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let device = cinder::device::Backend::cpu().unwrap().device;
+        let names = [cinder::storage::names::BEST, cinder::storage::names::LATEST];
+        let loaded = cinder::storage::checkpoint::load(&run, &names, &device).unwrap();
+        let ids = loaded.tokenizer.encode(text).unwrap();
+        let loss = cinder::run::eval::text_loss(&loaded.model, &ids, 1, &device, |_, _| {}).loss;
+        assert!(
+            (shown - loss).abs() < 2e-4,
+            "page {shown}, evaluate {loss}: {figures}"
+        );
+        assert!(
+            figures.contains("nats/char") && figures.contains("bits/byte"),
+            "{figures}"
+        );
+        assert_eq!(
+            client.find_all("#scored .tok").unwrap().len(),
+            text.chars().count() - 1
+        );
+        client.find("#tokenize").unwrap().click().unwrap();
+        let pieces = text_when(&client, "#pieces", |t| t.contains("tokens"));
+        assert!(
+            pieces.contains(&format!("{} tokens (context 64)", text.chars().count())),
+            "{pieces}"
+        );
+        client
+            .execute("document.querySelector('.score').scrollIntoView();")
+            .unwrap();
+        client.find_all("#scored .tok").unwrap()[30]
+            .hover()
+            .unwrap();
+        text_when(&client, "#alts", |t| t.contains("surprise"));
+        screenshot(&client, "serve-score.png");
     }
 }

@@ -10,7 +10,11 @@
  *                 maps of a text (POST /api/attention) drawn as a heatmap on a canvas.
  *   #/play[/ID]   Playground: a completion form streaming POST /v1/completions (server-sent
  *                 events read with fetch), with live tokens/s (every chunk carries the
- *                 tokens written so far) and the finish reason.
+ *                 tokens written so far) and the finish reason. Each token is shaded by the
+ *                 probability the model gave it (logprobs), and hovering or tapping it shows the
+ *                 5 most likely tokens there. "Score a text" asks for the log-probabilities of a
+ *                 pasted text (echo, max_tokens 0) and shades each token by its surprise, with
+ *                 evaluate's figures; "Tokens" shows the model's pieces of it (POST /tokenize).
  *
  * Every request goes through api(). When the server answers 401 it shows a small form asking
  * for the API key, keeps the key in localStorage ("cinder-api-key") and retries.
@@ -431,6 +435,95 @@ function attentionPanel(id, alive) {
   $('#attention-text').addEventListener('keydown', (e) => { if (e.key === 'Enter') load(); });
 }
 
+// ---------------------------------------------------------------- token probabilities
+
+/** What each shaded token span holds: its probability and the most likely tokens there. */
+const tokenInfo = new WeakMap();
+
+/** A token as shown in a list: its whitespace made visible. */
+const visible = (t) => t.replace(/ /g, '·').replace(/\n/g, '↵').replace(/\t/g, '→');
+
+/** The shading of a token of probability p: clear when the model was sure, red when surprised. */
+const shade = (p) => `rgba(220, 38, 38, ${(0.55 * (1 - p)).toFixed(3)})`;
+
+/**
+ * Appends `piece` to `root` as a token span shaded by its probability, with its alternatives
+ * (`top`: OpenAI's top_logprobs object, token to log-probability) for the hover box. A token
+ * without a log-probability (a text's first) is plain text.
+ */
+function appendToken(root, piece, logprob, top) {
+  if (logprob == null) {
+    root.appendChild(document.createTextNode(piece));
+    return;
+  }
+  const span = document.createElement('span');
+  span.className = 'tok';
+  span.textContent = piece;
+  const p = Math.exp(logprob);
+  span.style.background = shade(p);
+  span.dataset.p = p.toFixed(4);
+  tokenInfo.set(span, { piece, logprob, top: top || {} });
+  root.appendChild(span);
+}
+
+/**
+ * Appends a choice's text to `root`, token by token: `logprobs` are the chunk's (tokens,
+ * token_logprobs, top_logprobs, text_offset), and `base` is where the chunk's text starts in
+ * the choice's text, in characters. Returns the characters appended.
+ */
+function appendChunk(root, text, logprobs, base) {
+  const chars = Array.from(text);
+  if (!logprobs || !logprobs.tokens.length) {
+    root.appendChild(document.createTextNode(text));
+    return chars.length;
+  }
+  const starts = logprobs.text_offset.map((o) => o - base);
+  if (starts[0] > 0) root.appendChild(document.createTextNode(chars.slice(0, starts[0]).join('')));
+  starts.forEach((start, i) => {
+    const end = i + 1 < starts.length ? starts[i + 1] : chars.length;
+    // A token holding part of a character has no text of its own: the next one shows it.
+    if (end > start) {
+      appendToken(root, chars.slice(start, end).join(''), logprobs.token_logprobs[i],
+        logprobs.top_logprobs[i]);
+    }
+  });
+  return chars.length;
+}
+
+/** The box that shows a token's alternatives, on hover or tap, for every token span. */
+function alternativesBox() {
+  let box = $('#alts');
+  if (box) return box;
+  box = document.createElement('div');
+  box.id = 'alts';
+  box.className = 'alts';
+  box.hidden = true;
+  document.body.appendChild(box);
+  const show = (span) => {
+    const info = tokenInfo.get(span);
+    if (!info) return;
+    const rows = Object.entries(info.top).sort((a, b) => b[1] - a[1]).map(([t, lp]) =>
+      `<tr${t === info.piece ? ' class="chosen"' : ''}><td class="t">${esc(visible(t))}</td>` +
+      `<td class="p">${(100 * Math.exp(lp)).toFixed(1)}%</td></tr>`).join('');
+    box.innerHTML = `<div class="head"><b>${esc(visible(info.piece))}</b> ` +
+      `${(100 * Math.exp(info.logprob)).toFixed(1)}% · surprise ${(-info.logprob).toFixed(2)} nats</div>` +
+      `<table>${rows}</table>`;
+    const r = span.getBoundingClientRect();
+    box.style.left = `${Math.round(r.left + window.scrollX)}px`;
+    box.style.top = `${Math.round(r.bottom + window.scrollY + 4)}px`;
+    box.hidden = false;
+  };
+  document.addEventListener('mouseover', (e) => {
+    const span = e.target.closest && e.target.closest('.tok');
+    if (span) show(span); else box.hidden = true;
+  });
+  document.addEventListener('click', (e) => {
+    const span = e.target.closest && e.target.closest('.tok');
+    if (span) show(span); else if (!box.contains(e.target)) box.hidden = true;
+  });
+  return box;
+}
+
 // ---------------------------------------------------------------- #/play Playground
 
 function playView(view, wanted) {
@@ -454,8 +547,28 @@ function playView(view, wanted) {
         <div class="out-head"><span id="speed" class="muted"></span><span id="finish" class="muted"></span></div>
         <div class="error-slot" id="play-error"></div>
         <pre id="output"></pre>
+        <p class="muted legend">Each token is shaded by the probability the model gave it (its own,
+          before temperature and the cuts): clear when it was sure, red when it was surprised.
+          Hover or tap a token for the 5 most likely tokens there.</p>
       </section>
-    </div>`;
+    </div>
+    <section class="card score">
+      <h2>Score a text</h2>
+      <p class="muted">Paste a text (up to the model's context): each token is shaded by its
+        surprise (−log p), and the figures are the ones <code>evaluate --data</code> prints for
+        the same text.</p>
+      <textarea id="score-text" rows="4" spellcheck="false">ROMEO:
+But soft, what light through yonder window breaks?</textarea>
+      <div class="score-actions">
+        <button id="score" type="button">Score</button>
+        <button id="tokenize" type="button" class="secondary">Tokens</button>
+        <span id="score-figures" class="figures"></span>
+      </div>
+      <div class="error-slot" id="score-error"></div>
+      <pre id="scored"></pre>
+      <div id="pieces" class="pieces"></div>
+    </section>`;
+  alternativesBox();
 
   const modelSel = $('#model');
   modelSel.addEventListener('change', () => history.replaceState(null, '', `#/play/${encId(modelSel.value)}`));
@@ -484,6 +597,8 @@ function playView(view, wanted) {
       // Every chunk carries the tokens written so far (vLLM's extension): under load a chunk
       // may hold several tokens.
       stream_options: { include_usage: true, continuous_usage_stats: true },
+      // Each token's probability and the 5 most likely tokens there, for the shading.
+      logprobs: 5,
     };
     // A field left empty is left out: the server's default applies.
     const fields = [['max_tokens', parseInt], ['temperature', parseFloat], ['top_p', parseFloat],
@@ -495,8 +610,8 @@ function playView(view, wanted) {
     const out = $('#output');
     out.innerHTML = '<span class="prompt"></span><span class="completion"></span>';
     $('.prompt', out).textContent = body.prompt;
-    const text = document.createTextNode('');
-    $('.completion', out).appendChild(text);
+    const completion = $('.completion', out);
+    let shown = 0; // characters of the completion shown
     setError($('#play-error'), '');
     $('#finish').textContent = '';
     $('#speed').textContent = '';
@@ -526,7 +641,7 @@ function playView(view, wanted) {
           const now = performance.now();
           if (!first) [first, atFirst] = [now, tokens];
           last = now;
-          text.appendData(choice.text);
+          shown += appendChunk(completion, choice.text, choice.logprobs, shown);
           if (out.scrollHeight > out.clientHeight) out.scrollTop = out.scrollHeight;
         }
         if (choice.finish_reason) $('#finish').textContent = `stopped: ${choice.finish_reason}`;
@@ -564,6 +679,63 @@ function playView(view, wanted) {
         button.textContent = 'Generate';
         button.classList.remove('stop');
       }
+    }
+  });
+
+  // Score a text: its tokens' log-probabilities in one forward pass (echo, max_tokens 0).
+  const archs = {};
+  api('/api/runs').then((answer) => {
+    for (const r of answer.runs || []) archs[r.id] = r.arch;
+  }).catch(() => {});
+  $('#score').addEventListener('click', async () => {
+    const slot = $('#score-error');
+    setError(slot, '');
+    $('#score-figures').textContent = '';
+    $('#pieces').innerHTML = '';
+    const scored = $('#scored');
+    scored.textContent = '';
+    try {
+      const res = await api('/v1/completions', { method: 'POST', body: {
+        model: modelSel.value, prompt: $('#score-text').value, max_tokens: 0, echo: true, logprobs: 5,
+      } });
+      if (gen !== viewGen) return;
+      const choice = res.choices[0];
+      const lp = choice.logprobs;
+      appendChunk(scored, choice.text, lp, 0);
+      // evaluate's figures: the mean surprise of every token but the first, which nothing
+      // predicts, in nats and bits per token, and bits per byte of the text they stand for.
+      const surprise = lp.token_logprobs.slice(1).map((l) => -l);
+      if (!surprise.length) {
+        setError(slot, 'The text needs at least 2 tokens to be scored.');
+        return;
+      }
+      const loss = surprise.reduce((a, b) => a + b, 0) / surprise.length;
+      const chars = Array.from(choice.text);
+      const bytes = new TextEncoder().encode(chars.slice(lp.text_offset[1]).join('')).length;
+      const bits = loss / Math.LN2;
+      const arch = archs[modelSel.value];
+      const per = arch && arch.tokenizer === 'char' ? 'char' : 'token';
+      $('#score-figures').textContent = `${surprise.length} ${per === 'char' ? 'characters' : 'tokens'} predicted: ` +
+        `loss ${loss.toFixed(4)} nats/${per}, perplexity ${Math.exp(loss).toFixed(3)}, ` +
+        `${bits.toFixed(4)} bits/${per}, ${(bits * surprise.length / Math.max(bytes, 1)).toFixed(4)} bits/byte`;
+    } catch (err) {
+      if (gen === viewGen) setError(slot, err.message);
+    }
+  });
+  // The model's pieces of the text (POST /tokenize).
+  $('#tokenize').addEventListener('click', async () => {
+    const slot = $('#score-error');
+    setError(slot, '');
+    try {
+      const res = await api('/tokenize', { method: 'POST', body: {
+        model: modelSel.value, prompt: $('#score-text').value,
+      } });
+      if (gen !== viewGen) return;
+      const pieces = res.token_strs.map((t, i) =>
+        `<span class="piece" title="token ${res.tokens[i]}">${esc(visible(t))}</span>`).join('');
+      $('#pieces').innerHTML = `<div class="muted">${res.count} tokens (context ${res.max_model_len})</div>${pieces}`;
+    } catch (err) {
+      if (gen === viewGen) setError(slot, err.message);
     }
   });
 }

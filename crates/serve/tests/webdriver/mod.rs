@@ -137,6 +137,19 @@ impl Element<'_> {
         self.session.post(&self.path("click"), json!({})).map(drop)
     }
 
+    /// Moves the mouse over the element's centre (WebDriver's actions), as a user hovering.
+    pub fn hover(&self) -> Result<(), Error> {
+        let mut origin = serde_json::Map::new();
+        origin.insert(ELEMENT.into(), json!(self.id));
+        let body = json!({"actions": [{
+            "type": "pointer",
+            "id": "mouse",
+            "parameters": {"pointerType": "mouse"},
+            "actions": [{"type": "pointerMove", "duration": 0, "x": 0, "y": 0, "origin": origin}],
+        }]});
+        self.session.post("/actions", body).map(drop)
+    }
+
     pub fn clear(&self) -> Result<(), Error> {
         self.session.post(&self.path("clear"), json!({})).map(drop)
     }
