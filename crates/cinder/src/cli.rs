@@ -11,6 +11,7 @@ pub const RESUMABLE_FIELDS: &[&str] = &[
     "log_interval",
     "checkpoint_interval",
     "sample_tokens",
+    "early_stop",
 ];
 
 /// Applies `overrides` to a checkpoint's `config` for a resumed run. Fields that may change are

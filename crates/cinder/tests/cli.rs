@@ -112,6 +112,37 @@ fn generate_shows_each_tokens_probability_and_alternatives() {
     );
 }
 
+/// `--early-stop 2` on a run that learns nothing (learning rates of 1e-30 leave every weight as
+/// it was, in f32): evaluations at 2 (the best), 4 and 6, then it stops and says so; the
+/// summary counts the epochs seen.
+#[test]
+fn train_stops_early_and_counts_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let frozen = [
+        ("--learning-rate", "1e-30"),
+        ("--min-lr", "1e-31"),
+        ("--max-iters", "50"),
+        ("--eval-interval", "2"),
+        ("--early-stop", "2"),
+    ];
+    let out = common::stdout_of(
+        Command::cargo_bin("train")
+            .unwrap()
+            .current_dir(dir.path())
+            .arg("--data")
+            .arg(corpus_in(dir.path()))
+            .args(tiny_flags_with(&frozen))
+            .args(["--out", "run"]),
+    );
+    assert!(out.contains("stopped early at iteration 6 of 50"), "{out}");
+    // 6 steps of 4 windows of 16 over the training split: 90% of 20,000 characters, less one.
+    let epochs = 6.0 * 4.0 * 16.0 / 17_999.0;
+    assert!(
+        out.contains(&format!("{epochs:.2} epochs of the training split")),
+        "{out}"
+    );
+}
+
 #[test]
 fn several_samples_are_separated_and_the_summary_goes_to_stderr() {
     let dir = tempfile::tempdir().unwrap();

@@ -411,3 +411,74 @@ fn a_new_runs_weights_do_not_depend_on_what_runs_before_they_are_read() {
         "composite {composite_loss}, fused {first_loss}"
     );
 }
+
+/// A run that learns nothing (every learning rate 0): each evaluation's validation loss equals
+/// the first, which stays the best, so `early_stop` evaluations later the run stops.
+fn frozen(early_stop: u64) -> TrainConfig {
+    TrainConfig {
+        learning_rate: 0.0,
+        min_lr: 0.0,
+        muon_lr: 0.0,
+        embedding_lr: 0.0,
+        head_lr: 0.0,
+        max_iters: 100,
+        eval_interval: 2,
+        checkpoint_interval: 100,
+        early_stop,
+        ..tiny_config()
+    }
+}
+
+/// Sets `stop` after the step of iteration `at`: the run is interrupted there, as by Ctrl-C.
+struct StopAfter<'a>(u64, &'a AtomicBool);
+impl Observer for StopAfter<'_> {
+    fn step(&mut self, s: &StepReport, _eval: Option<&cinder::run::report::EvalReport>) {
+        if s.iter == self.0 {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[test]
+fn early_stop_stops_after_evaluations_without_a_new_best_and_keeps_best() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    // Evaluations at 2 (the best), 4, 6 and 8: the third without a new best stops it.
+    let mut run = trainer(frozen(3), dir.path(), "run");
+    assert_eq!(
+        run.run(&mut (), &stop).unwrap(),
+        Outcome::EarlyStopped { iter: 8 }
+    );
+    let folder = dir.path().join("run");
+    let best = checkpoint::load_meta(&folder.join(cinder::storage::names::BEST)).unwrap();
+    let latest = checkpoint::load_meta(&folder.join(LATEST)).unwrap();
+    assert_eq!((best.iter, latest.iter), (2, 8));
+    assert_eq!(latest.val_trend.since_best, 3);
+    // Off (0), the same run goes to max_iters.
+    let mut run = trainer(frozen(0), dir.path(), "off");
+    assert_eq!(run.run(&mut (), &stop).unwrap(), Outcome::Finished);
+    assert_eq!(run.iter(), 100);
+}
+
+/// Interrupted at iteration 5 (after the evaluations at 2 and 4) and resumed, the run stops
+/// where the uninterrupted one does: the count of evaluations without a best is in latest/.
+#[test]
+fn early_stop_counts_across_a_resume() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    let mut first = trainer(frozen(3), dir.path(), "run");
+    assert_eq!(
+        first.run(&mut StopAfter(4, &stop), &stop).unwrap(),
+        Outcome::Interrupted { iter: 5 }
+    );
+    drop(first);
+    let stop = AtomicBool::new(false);
+    let latest = dir.path().join("run").join(LATEST);
+    let mut second = resumed(|_| {}, dir.path(), &latest, "run");
+    assert_eq!(
+        second.run(&mut (), &stop).unwrap(),
+        Outcome::EarlyStopped { iter: 8 }
+    );
+}

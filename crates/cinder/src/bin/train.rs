@@ -166,7 +166,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             out.join(LATEST).display(),
             out.display()
         ),
-        Outcome::Finished => {
+        Outcome::Finished | Outcome::EarlyStopped { .. } => {
+            if let Outcome::EarlyStopped { iter } = outcome {
+                println!(
+                    "stopped early at iteration {iter} of {}: {} evaluations in a row without a \
+                     new best validation loss (early_stop)",
+                    trainer.config().max_iters,
+                    trainer.config().early_stop
+                );
+            }
             let rows = metrics::read(metrics.path()).unwrap_or_default();
             let best = rows
                 .iter()
@@ -174,8 +182,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .map_or("-".into(), |(v, i)| format!("{v:.4} at iteration {i}"));
             let iters = trainer.iter() - start_iter;
+            let epochs = trainer.epochs();
             println!(
-                "done: {iters} iterations in {:.1} s ({} tokens seen); best val loss {best}",
+                "done: {iters} iterations in {:.1} s ({} tokens seen, {epochs:.2} epochs of the \
+                 training split); best val loss {best}",
                 console.elapsed(),
                 iters as usize * trainer.config().tokens_per_iter(),
             );

@@ -162,6 +162,7 @@ cinder_model::model_fields!(run_config! { run {
     log_interval: u64 = 10, "Log the training loss every this many steps";
     checkpoint_interval: u64 = 250, "Write latest/ every this many steps";
     sample_tokens: usize = 200, "Tokens sampled into samples.jsonl at each evaluation (generate's default prompt, temperature and top-k, the run's seed); 0 disables";
+    early_stop: u64 = 0, "Stop after this many evaluations in a row without a new best validation loss (best/ keeps the best weights); 0 never stops early";
     // Data.
     train_fraction: f64 = 0.9, "Leading fraction of the text used for training";
     seed: u64 = 1337, "Seed of the weights, batches and dropout";

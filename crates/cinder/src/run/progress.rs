@@ -90,9 +90,10 @@ impl Observer for ConsoleObserver {
         if let Some(bar) = &self.bar {
             bar.set_position(s.iter + 1);
             bar.set_message(format!(
-                "loss {:.4} val {val} lr {:.2e} {:.0} tok/s",
+                "loss {:.4} val {val} lr {:.2e} epoch {:.2} {:.0} tok/s",
                 self.smoothed.unwrap_or(s.loss),
                 s.lr,
+                s.epochs,
                 self.tokens_per_s
             ));
         }
@@ -102,10 +103,11 @@ impl Observer for ConsoleObserver {
                 && s.iter.is_multiple_of(self.log_interval));
         if log_now {
             self.println(format!(
-                "iter {:>6}: loss {:.4}, lr {:.3e}, {:.1} ms, {:.0} tokens/s",
+                "iter {:>6}: loss {:.4}, lr {:.3e}, epoch {:.2}, {:.1} ms, {:.0} tokens/s",
                 s.iter,
                 s.loss,
                 s.lr,
+                s.epochs,
                 s.seconds * 1e3,
                 tps
             ));
@@ -131,6 +133,10 @@ impl Observer for ConsoleObserver {
     }
 }
 
+/// Evaluations in a row with a rising validation loss after which `train` warns of
+/// overfitting.
+pub const RISES_BEFORE_WARNING: u64 = 3;
+
 impl ConsoleObserver {
     fn eval(&mut self, e: &EvalReport) {
         self.last_val = Some(e.val_loss);
@@ -141,6 +147,16 @@ impl ConsoleObserver {
                 e.train_loss,
                 e.val_loss,
                 if e.improved { " (best so far)" } else { "" }
+            ));
+        }
+        // Once per streak, even when quiet: the run may be wasting its time.
+        if e.trend.rises == RISES_BEFORE_WARNING {
+            self.println(format!(
+                "warning: the validation loss has risen for {RISES_BEFORE_WARNING} evaluations in \
+                 a row (now {:.4}, {} evaluations since the best): the model is overfitting its \
+                 text. best/ keeps the best weights; a smaller model, --dropout 0.1 or more text \
+                 helps, and --early-stop N stops a run after N evaluations without a new best",
+                e.val_loss, e.trend.since_best
             ));
         }
     }

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use cinder_data::Split;
 
+use crate::storage::checkpoint::ValTrend;
+
 /// What the loop reports as it goes; the binary draws it (progress bar, log lines, metrics file).
 pub trait Observer {
     /// After every optimiser step, with the evaluation that followed it, if one did.
@@ -46,6 +48,9 @@ pub struct StepReport {
     /// Seconds this step took.
     pub seconds: f64,
     pub tokens: usize,
+    /// Passes over the training split so far, this step included (tokens seen over the
+    /// split's tokens).
+    pub epochs: f64,
     /// Seconds of each phase of the step, summed over its micro-batches.
     pub phases: Phases,
 }
@@ -84,6 +89,8 @@ pub struct EvalReport {
     pub val_loss: f32,
     /// Whether this is the best validation loss so far.
     pub improved: bool,
+    /// How validation has gone, this evaluation included.
+    pub trend: ValTrend,
     /// What the model writes now (`sample_tokens` of it; none when that is 0).
     pub sample: Option<String>,
 }

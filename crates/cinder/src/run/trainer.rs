@@ -18,7 +18,7 @@ use crate::run::pool::in_pool;
 use crate::run::report::{EvalReport, Observer, Phases, StepReport};
 use crate::run::schedule::learning_rate;
 use crate::sampling;
-use crate::storage::checkpoint::{self, CheckpointError, Meta};
+use crate::storage::checkpoint::{self, CheckpointError, Meta, ValTrend};
 use crate::storage::faults;
 use crate::storage::names::{BEST, LATEST};
 
@@ -43,6 +43,8 @@ pub enum Outcome {
     Finished,
     /// Stopped by the stop flag (Ctrl-C, SIGTERM) after this many iterations.
     Interrupted { iter: u64 },
+    /// Stopped after `early_stop` evaluations in a row without a new best, at this iteration.
+    EarlyStopped { iter: u64 },
 }
 
 /// A training run in progress: the model, its optimizer, its data, and where it writes.
@@ -58,6 +60,8 @@ pub struct Trainer {
     /// Iterations completed.
     iter: u64,
     best_val_loss: Option<f32>,
+    /// How validation has gone: what early stopping counts.
+    trend: ValTrend,
     /// The training data's paths, recorded in checkpoints so a resume finds them.
     data_paths: Vec<PathBuf>,
     /// The training text's size and checksum, recorded in checkpoints so a resume can tell
@@ -114,7 +118,8 @@ impl Trainer {
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         let optim = Optim::new(&config, &model);
-        Self::assemble(config, backend, data, (model, optim, 0, None), out_dir)
+        let state = (model, optim, 0, None, ValTrend::default());
+        Self::assemble(config, backend, data, state, out_dir)
     }
 
     /// A run continued from the checkpoint `dir`, whose metadata is `meta`; `config` is the
@@ -132,17 +137,17 @@ impl Trainer {
         let model = checkpoint::load_model(dir, meta, &device)?;
         let mut optim = Optim::new(&config, &model);
         optim.module = checkpoint::load_optimizer(dir, meta, optim.module)?;
-        let state = (model, optim, meta.iter, meta.best_val_loss);
+        let state = (model, optim, meta.iter, meta.best_val_loss, meta.val_trend);
         Self::assemble(config, backend, data, state, out_dir)
     }
 
-    /// The trainer of `data` from `state`: the model, its optimizer, the iterations completed
-    /// and the best validation loss so far.
+    /// The trainer of `data` from `state`: the model, its optimizer, the iterations completed,
+    /// the best validation loss so far and the validation trend.
     fn assemble(
         config: TrainConfig,
         backend: Backend,
         data: TrainingData,
-        (model, optim, iter, best_val_loss): (Gpt, Optim, u64, Option<f32>),
+        (model, optim, iter, best_val_loss, trend): (Gpt, Optim, u64, Option<f32>, ValTrend),
         out_dir: PathBuf,
     ) -> Result<Self, TrainError> {
         crate::keep_freed_memory();
@@ -155,6 +160,7 @@ impl Trainer {
             optim,
             iter,
             best_val_loss,
+            trend,
             data_paths: data.paths,
             data_identity: data.identity,
             out_dir,
@@ -209,6 +215,13 @@ impl Trainer {
         self.iter
     }
 
+    /// Passes over the training split so far: the tokens of the iterations completed over the
+    /// split's tokens.
+    pub fn epochs(&self) -> f64 {
+        let seen = self.iter as f64 * self.config.tokens_per_iter() as f64;
+        seen / self.splits.get(Split::Train).len().max(1) as f64
+    }
+
     /// The best validation loss so far, if any evaluation ran.
     pub fn best_val_loss(&self) -> Option<f32> {
         self.best_val_loss
@@ -222,6 +235,7 @@ impl Trainer {
     /// Trains until `max_iters` or until `stop` is set, evaluating every `eval_interval`
     /// iterations and at the end, and writing `latest/` every `checkpoint_interval`
     /// iterations, at the end and when stopped, and `best/` when the validation loss improves.
+    /// With `early_stop`, it stops after that many evaluations in a row without a new best.
     pub fn run(
         &mut self,
         observer: &mut dyn Observer,
@@ -243,27 +257,33 @@ impl Trainer {
             let done = self.iter;
             let last = done == c.max_iters;
             let eval = if done.is_multiple_of(c.eval_interval) || last {
-                let Some(e) = self.evaluate(observer, stop) else {
+                let Some(mut e) = self.evaluate(observer, stop) else {
                     // Interrupted while evaluating: keep the step, skip the evaluation.
                     observer.step(&report, None);
                     self.save(LATEST, None, observer)?;
                     return Ok(Outcome::Interrupted { iter: self.iter });
                 };
+                self.trend.record(e.val_loss, e.improved);
+                e.trend = self.trend;
                 Some(e)
             } else {
                 None
             };
             observer.step(&report, eval.as_ref());
+            let stops_early = c.early_stop > 0 && self.trend.since_best >= c.early_stop;
             let mut saved_latest = false;
             if let Some(e) = eval {
                 if e.improved {
                     self.best_val_loss = Some(e.val_loss);
                     self.save(BEST, Some(e.val_loss), observer)?;
                 }
-                if last {
+                if last || stops_early {
                     self.save(LATEST, Some(e.val_loss), observer)?;
                     saved_latest = true;
                 }
+            }
+            if stops_early && !last {
+                return Ok(Outcome::EarlyStopped { iter: done });
             }
             if done.is_multiple_of(c.checkpoint_interval) && !saved_latest {
                 self.save(LATEST, None, observer)?;
@@ -331,6 +351,7 @@ impl Trainer {
             lr,
             seconds: start.elapsed().as_secs_f64(),
             tokens: c.tokens_per_iter(),
+            epochs: self.epochs(),
             phases,
         }
     }
@@ -375,6 +396,7 @@ impl Trainer {
             train_loss,
             val_loss,
             improved: self.best_val_loss.is_none_or(|best| val_loss < best),
+            trend: self.trend,
             sample,
         })
     }
@@ -393,6 +415,7 @@ impl Trainer {
         meta.data_identity = Some(self.data_identity);
         meta.best_val_loss = self.best_val_loss;
         meta.val_loss = val_loss;
+        meta.val_trend = self.trend;
         checkpoint::save(
             &dir,
             &meta,

@@ -12,9 +12,34 @@ use crate::config::TrainConfig;
 /// Version 2 added `data_identity`; version 3 BPE tokenizers (`vocab` naming `tokenizer.json`)
 /// and `data_paths`; version 4 the model options (`position`, `norm`, `qk_norm`,
 /// `logit_softcap`, `tie_embeddings`, `zero_init`) and Muon's `head_lr`; version 5 `n_kv_head`
-/// (grouped-query attention). A field an older checkpoint lacks takes [`TrainConfig`]'s
-/// default, which is the behaviour before it existed.
-pub const FORMAT_VERSION: u32 = 5;
+/// (grouped-query attention); version 6 `early_stop` and the validation trend (`val_trend`).
+/// A field an older checkpoint lacks takes [`TrainConfig`]'s default, which is the behaviour
+/// before it existed.
+pub const FORMAT_VERSION: u32 = 6;
+
+/// How validation has gone lately: what early stopping (`early_stop`) and the overfitting
+/// warning count.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ValTrend {
+    /// Evaluations since the one with the best validation loss (0: the last was the best).
+    pub since_best: u64,
+    /// Evaluations in a row whose validation loss rose over the one before.
+    pub rises: u64,
+    /// The last evaluation's validation loss.
+    pub last: Option<f32>,
+}
+
+impl ValTrend {
+    /// Counts an evaluation of validation loss `val`, a new best if `improved`.
+    pub fn record(&mut self, val: f32, improved: bool) {
+        self.since_best = if improved { 0 } else { self.since_best + 1 };
+        self.rises = match self.last {
+            Some(last) if val > last => self.rises + 1,
+            _ => 0,
+        };
+        self.last = Some(val);
+    }
+}
 
 /// Size and checksum of one file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +62,10 @@ pub struct Meta {
     pub best_val_loss: Option<f32>,
     /// Validation loss of this checkpoint's model at its iteration, if it was evaluated.
     pub val_loss: Option<f32>,
+    /// How validation went up to this checkpoint: what early stopping counts, so that a resumed
+    /// run stops where the uninterrupted one would (absent before version 6).
+    #[serde(default)]
+    pub val_trend: ValTrend,
     pub config: TrainConfig,
     /// The tokenizer: the characters inline, or a BPE in `tokenizer.json` beside.
     pub vocab: TokenizerRecord,
@@ -61,6 +90,7 @@ impl Meta {
             iter,
             best_val_loss: None,
             val_loss: None,
+            val_trend: ValTrend::default(),
             config: config.clone(),
             vocab: tokenizer.record(),
             data_path: PathBuf::new(),
@@ -80,5 +110,37 @@ impl Meta {
         } else {
             self.data_paths.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trend_counts_evaluations_since_the_best_and_rises_in_a_row() {
+        let mut t = ValTrend::default();
+        let seen: Vec<(u64, u64)> = [(2.0, true), (1.8, true), (1.9, false), (1.95, false)]
+            .into_iter()
+            .chain([(1.85, false), (1.9, false), (1.92, false), (1.7, true)])
+            .map(|(val, improved)| {
+                t.record(val, improved);
+                (t.since_best, t.rises)
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (0, 0),
+                (0, 0),
+                (1, 1),
+                (2, 2),
+                (3, 0),
+                (4, 1),
+                (5, 2),
+                (0, 0)
+            ]
+        );
+        assert_eq!(t.last, Some(1.7));
     }
 }

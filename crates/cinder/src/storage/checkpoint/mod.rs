@@ -28,7 +28,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use meta::{FORMAT_VERSION, FileSum, Meta};
+pub use meta::{FORMAT_VERSION, FileSum, Meta, ValTrend};
 pub use read::{Loaded, load, load_meta, load_model, load_optimizer, load_tokenizer, load_weights};
 pub use write::save;
 
