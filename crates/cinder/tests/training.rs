@@ -481,4 +481,20 @@ fn early_stop_counts_across_a_resume() {
         second.run(&mut (), &stop).unwrap(),
         Outcome::EarlyStopped { iter: 8 }
     );
+    drop(second);
+    // Resumed again, it stops at once, without a step; with a larger early_stop it goes on to
+    // its next evaluation.
+    let mut again = resumed(|_| {}, dir.path(), &latest, "run");
+    let mut losses = Losses::default();
+    assert_eq!(
+        again.run(&mut losses, &stop).unwrap(),
+        Outcome::EarlyStopped { iter: 8 }
+    );
+    assert!(losses.0.is_empty());
+    drop(again);
+    let mut longer = resumed(|c| c.early_stop = 4, dir.path(), &latest, "run");
+    assert_eq!(
+        longer.run(&mut (), &stop).unwrap(),
+        Outcome::EarlyStopped { iter: 10 }
+    );
 }

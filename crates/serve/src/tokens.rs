@@ -35,6 +35,17 @@ struct DetokenizeRequest {
 /// read as a prompt is (line endings normalised); a character the model lacks is a 400.
 pub async fn tokenize(State(app): State<App>, body: Body) -> Result<Json<Value>, ApiError> {
     let request: TokenizeRequest = parse_json(&read_body(body).await?)?;
+    let chars = request.prompt.chars().count();
+    if chars > app.limits.max_prompt_chars {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt has {chars} characters, but this server takes up to {} (serve \
+                 --max-prompt-chars)",
+                app.limits.max_prompt_chars
+            ),
+        ));
+    }
     app.catalog.find(&request.model)?;
     let text: String = cinder_data::normalized_chars(&request.prompt).collect();
     let answer = app

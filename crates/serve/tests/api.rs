@@ -171,6 +171,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         bad("temperature", json!(-1)),
         bad("top_p", json!(0)),
         bad("top_k", json!(0)),
+        bad("top_k", json!(-2)),
         bad("n", json!(0)),
         bad("n", json!(9)),
         bad("stop", json!(["a", "b", "c", "d", "e"])),

@@ -477,7 +477,9 @@ function appendChunk(root, text, logprobs, base) {
     root.appendChild(document.createTextNode(text));
     return chars.length;
   }
-  const starts = logprobs.text_offset.map((o) => o - base);
+  // A token whose text began in an earlier chunk (held back there while it might start a stop
+  // string) starts this one.
+  const starts = logprobs.text_offset.map((o) => Math.max(0, o - base));
   if (starts[0] > 0) root.appendChild(document.createTextNode(chars.slice(0, starts[0]).join('')));
   starts.forEach((start, i) => {
     const end = i + 1 < starts.length ? starts[i + 1] : chars.length;

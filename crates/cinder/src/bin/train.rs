@@ -170,7 +170,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             if let Outcome::EarlyStopped { iter } = outcome {
                 println!(
                     "stopped early at iteration {iter} of {}: {} evaluations in a row without a \
-                     new best validation loss (early_stop)",
+                     new best validation loss (early_stop; --resume with a larger --early-stop, \
+                     or 0, goes on)",
                     trainer.config().max_iters,
                     trainer.config().early_stop
                 );

@@ -99,7 +99,9 @@ pub fn text_loss(
 }
 
 /// The surprise (`-log p`, in nats) of each token [`text_loss`] predicts, in order: its mean is
-/// [`text_loss`]'s loss, to float rounding. The logits come back to the host, so this is slower.
+/// [`text_loss`]'s loss, to float rounding. At most `batch_size` windows at a time, and fewer
+/// when their logits would pass [`LOGITS_AT_ONCE`]; only each target's log-probability comes
+/// back to the host.
 pub fn text_surprise(
     model: &Gpt,
     ids: &[u32],
@@ -108,20 +110,27 @@ pub fn text_surprise(
     mut progress: impl FnMut(usize, usize),
 ) -> Vec<f32> {
     let windows = Windows::of(model, ids);
-    let v = model.vocab_size();
+    let per_window = windows.block * model.vocab_size();
+    let batch_size = batch_size.min(LOGITS_AT_ONCE / per_window).max(1);
     let mut surprise = Vec::with_capacity(windows.count * windows.block);
     for (first, n) in windows.batches(batch_size) {
-        let (x, _) = windows.tensors(first, n, device);
-        let logits = in_pool(|| model.forward(x));
-        let logits: Vec<f32> = logits.into_data().try_to_vec().expect("logits are f32");
-        for (row, &target) in logits.chunks_exact(v).zip(windows.targets(first, n)) {
-            let norm = crate::sampling::log_normaliser(row);
-            surprise.push((norm - f64::from(row[target as usize])) as f32);
-        }
+        let (x, y) = windows.tensors(first, n, device);
+        let logp = in_pool(|| {
+            burn::tensor::activation::log_softmax(model.forward(x), 2).gather(2, y.unsqueeze_dim(2))
+        });
+        let logp: Vec<f32> = logp
+            .into_data()
+            .try_to_vec()
+            .expect("log-probabilities are f32");
+        surprise.extend(logp.iter().map(|&l| -l));
         progress(first + n, windows.count);
     }
     surprise
 }
+
+/// Logits [`text_surprise`] holds at once, at most (256 MB of them; a GPT-2's window of 1,024
+/// positions over 50,304 tokens is 206 MB, so it takes one window at a time).
+const LOGITS_AT_ONCE: usize = 1 << 26;
 
 /// `ids` cut into consecutive windows of `block` predictions each.
 struct Windows<'a> {
@@ -147,11 +156,6 @@ impl<'a> Windows<'a> {
         (0..count)
             .step_by(batch_size)
             .map(move |first| (first, batch_size.min(count - first)))
-    }
-
-    /// The targets of windows `first..first + n`, window after window.
-    fn targets(&self, first: usize, n: usize) -> &'a [u32] {
-        &self.ids[first * self.block + 1..(first + n) * self.block + 1]
     }
 
     /// Inputs and targets `[n, block]` of windows `first..first + n`.

@@ -242,6 +242,11 @@ impl Trainer {
         stop: &AtomicBool,
     ) -> Result<Outcome, TrainError> {
         let c = self.config.clone();
+        let past_patience = |trend: &ValTrend| c.early_stop > 0 && trend.since_best >= c.early_stop;
+        if past_patience(&self.trend) && self.iter < c.max_iters {
+            // A run resumed after it stopped early (or with a smaller early_stop): nothing new.
+            return Ok(Outcome::EarlyStopped { iter: self.iter });
+        }
         while self.iter < c.max_iters {
             if stop.load(Ordering::SeqCst) {
                 self.save(LATEST, None, observer)?;
@@ -270,7 +275,8 @@ impl Trainer {
                 None
             };
             observer.step(&report, eval.as_ref());
-            let stops_early = c.early_stop > 0 && self.trend.since_best >= c.early_stop;
+            // Decided at an evaluation only, when latest/ is written with its count.
+            let stops_early = eval.is_some() && past_patience(&self.trend);
             let mut saved_latest = false;
             if let Some(e) = eval {
                 if e.improved {

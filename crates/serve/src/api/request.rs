@@ -242,7 +242,17 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
     let top_p = r.top_p.unwrap_or(1.0);
     let sampling = SamplingParams {
         temperature: temperature as f32,
-        top_k: r.top_k.map(|k| k.max(0) as usize),
+        // vLLM's -1 is off.
+        top_k: match r.top_k {
+            None | Some(-1) => None,
+            Some(k) if k < 1 => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k is {k}, but it must be at least 1 (or -1: off)"),
+                ));
+            }
+            Some(k) => Some(k as usize),
+        },
         top_p: (top_p != 1.0).then_some(top_p as f32),
         min_p: r.min_p.map(|p| p as f32),
         presence_penalty: r.presence_penalty.unwrap_or(0.0) as f32,

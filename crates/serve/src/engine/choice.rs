@@ -69,7 +69,10 @@ impl<'a> Choice<'a> {
         self.sent += text.chars().count();
         let mut logprobs = Vec::new();
         while let Some((token, end)) = self.waiting.front() {
-            let goes = if stopped {
+            // A token goes with the last of its text; one that holds only part of a character
+            // (no text of its own) with that character. With a stop string met, the tokens
+            // whose text starts before it go, and the rest are dropped with it.
+            let goes = if stopped || *end == token.offset {
                 token.offset < self.sent
             } else {
                 *end <= self.sent
@@ -151,5 +154,75 @@ impl<'a> Choice<'a> {
             Finish::Length
         };
         Self::send(events, Event::Finished { index, reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cinder::sampling::token_text;
+    use cinder_data::bpe::BpeTokenizer;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    use super::*;
+
+    /// A byte-level BPE too small to merge "😀": its four bytes are four tokens.
+    fn bpe() -> Tokenizer {
+        let texts = ["the cat sat on the mat and the hat"; 4];
+        Tokenizer::Bpe(BpeTokenizer::train(texts.iter(), 300).unwrap())
+    }
+
+    /// The text and tokens of each `Text` event of choice 0 fed `text`'s tokens, ending at
+    /// `stop`.
+    fn events(tokenizer: &Tokenizer, text: &str, stop: &[&str]) -> Vec<(String, Vec<String>)> {
+        let (tx, mut rx) = unbounded_channel();
+        let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
+        let mut choice = Choice::new(0, tokenizer, &stop, 0);
+        for (i, &id) in tokenizer.encode(text).unwrap().iter().enumerate() {
+            let logprob = TokenLogprob {
+                text: token_text(tokenizer, id),
+                logprob: Some(-1.0),
+                top: Vec::new(),
+                offset: 0,
+            };
+            choice.push(id, Some(logprob), i + 1, &tx).ok().unwrap();
+            if choice.finished() {
+                break;
+            }
+        }
+        choice.finish(0, &tx).ok().unwrap();
+        drop(tx);
+        let mut out = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            if let Event::Text { text, logprobs, .. } = event {
+                out.push((text, logprobs.into_iter().map(|t| t.text).collect()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_character_split_into_byte_tokens_goes_with_all_of_them() {
+        let t = bpe();
+        let sent = events(&t, "a😀b", &[]);
+        let emoji = sent
+            .iter()
+            .find(|(text, _)| text == "😀")
+            .expect("the emoji is sent");
+        assert_eq!(emoji.1.len(), 4, "{sent:?}");
+        assert!(emoji.1.iter().all(|t| t.starts_with("bytes:")), "{sent:?}");
+        assert!(
+            sent.iter().all(|(text, _)| !text.is_empty()),
+            "no tokens without their text: {sent:?}"
+        );
+    }
+
+    #[test]
+    fn a_stop_string_split_into_byte_tokens_drops_all_of_them() {
+        let t = bpe();
+        let sent = events(&t, "ab😀c", &["😀"]);
+        let text: String = sent.iter().map(|(text, _)| text.as_str()).collect();
+        let tokens: Vec<&String> = sent.iter().flat_map(|(_, tokens)| tokens).collect();
+        assert_eq!(text, "ab");
+        assert!(tokens.iter().all(|t| !t.starts_with("bytes:")), "{sent:?}");
     }
 }
