@@ -74,8 +74,16 @@ fn discover(
         found.push((name, path.clone()));
     }
     let mut ids: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let same = |a: &Path, b: &Path| {
+        a == b
+            || std::fs::canonicalize(a)
+                .is_ok_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+    };
     for (id, path) in found {
         if let Some(first) = ids.get(&id) {
+            if same(first, &path) {
+                continue; // one folder, found under --runs and named too: served once
+            }
             return Err(ModelsError::SameId {
                 first: first.clone(),
                 id,

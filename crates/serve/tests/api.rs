@@ -326,7 +326,23 @@ fn models_health_ids_and_the_api_key() {
     );
     drop(open);
 
-    // Two models with one id: refused at start.
+    // A run under --runs named with --checkpoint too (`serve --checkpoint checkpoints/tiny_cpu`
+    // with the default --runs): served once.
+    let twice = Server::start(
+        dir.path(),
+        &["--runs", "runs", "--checkpoint", run.to_str().unwrap()],
+    );
+    assert_eq!(twice.model_ids(), ["tiny"]);
+    drop(twice);
+    // Two folders of one name: refused at start.
+    let other = dir.path().join("elsewhere").join("tiny");
+    std::fs::create_dir_all(&other).unwrap();
+    for entry in std::fs::read_dir(&latest).unwrap() {
+        let entry = entry.unwrap();
+        let to = other.join(LATEST);
+        std::fs::create_dir_all(&to).unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_serve"))
         .current_dir(dir.path())
         .args([
@@ -335,7 +351,7 @@ fn models_health_ids_and_the_api_key() {
             "--runs",
             "runs",
             "--checkpoint",
-            run.to_str().unwrap(),
+            other.to_str().unwrap(),
         ])
         .output()
         .unwrap();
