@@ -230,11 +230,15 @@ mod tests {
     }
 
     fn text(index: usize, text: &str, written: usize) -> Event {
+        text_with(index, text, written, Vec::new())
+    }
+
+    fn text_with(index: usize, text: &str, written: usize, logprobs: Vec<TokenLogprob>) -> Event {
         Event::Text {
             index,
             text: text.into(),
             written,
-            logprobs: Vec::new(),
+            logprobs,
         }
     }
 
@@ -309,12 +313,7 @@ mod tests {
 
     #[tokio::test]
     async fn merged_chunks_carry_the_log_probabilities_of_their_tokens_in_order() {
-        let with = |index, text: &str, written, logprobs| Event::Text {
-            index,
-            text: text.into(),
-            written,
-            logprobs,
-        };
+        let with = text_with;
         let data = read_behind_with(
             vec![
                 Event::Started { prompt_tokens: 2 },

@@ -758,9 +758,7 @@ fn reference_model(
     cinder_data::Tokenizer,
     burn::prelude::Device,
 ) {
-    let device = cinder::device::Backend::cpu().unwrap().device;
-    let names = [cinder::storage::names::BEST, LATEST];
-    let loaded = cinder::storage::checkpoint::load(run, &names, &device).unwrap();
+    let (loaded, device) = common::loaded(run);
     let model = loaded.model.with_ops(cinder_model::Ops::Composite);
     (model, loaded.tokenizer, device)
 }
@@ -840,9 +838,7 @@ fn logprobs_score_a_text_as_evaluate_does_and_are_the_models() {
         .map(|l| -l.as_f64().unwrap())
         .collect();
     assert_eq!(surprise.len(), text.chars().count() - 1);
-    let (model, tokenizer, device) = reference_model(&run);
-    let ids = tokenizer.encode(text).unwrap();
-    let loss = cinder::run::eval::text_loss(&model, &ids, 1, &device, |_, _| {}).loss;
+    let loss = common::evaluated(&run, text);
     let mean = surprise.iter().sum::<f64>() / surprise.len() as f64;
     assert!((mean - loss).abs() < 1e-4, "scored {mean}, evaluate {loss}");
     let offsets: Vec<u64> = logprobs["text_offset"]

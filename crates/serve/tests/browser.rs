@@ -271,11 +271,7 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
             .unwrap()
             .parse()
             .unwrap();
-        let device = cinder::device::Backend::cpu().unwrap().device;
-        let names = [cinder::storage::names::BEST, cinder::storage::names::LATEST];
-        let loaded = cinder::storage::checkpoint::load(&run, &names, &device).unwrap();
-        let ids = loaded.tokenizer.encode(text).unwrap();
-        let loss = cinder::run::eval::text_loss(&loaded.model, &ids, 1, &device, |_, _| {}).loss;
+        let loss = common::evaluated(&run, text);
         assert!(
             (shown - loss).abs() < 2e-4,
             "page {shown}, evaluate {loss}: {figures}"

@@ -168,7 +168,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                     "{}",
                     coloured(&piece, p.logprob.exp(), args.show_probs)
                 );
-                probs.push(p);
+                if args.alternatives > 0 {
+                    probs.push(p); // for the table after the text
+                }
             } else {
                 let _ = write!(out, "{piece}");
             }

@@ -242,6 +242,22 @@ pub fn streamed(stream: &str, choices: usize) -> (Vec<(String, String)>, Option<
     (texts, usage)
 }
 
+/// The checkpoint of the run at `run` (best/, else latest/), on the CPU, and the device.
+pub fn loaded(run: &Path) -> (checkpoint::Loaded, burn::prelude::Device) {
+    let device = Backend::cpu().unwrap().device;
+    (
+        checkpoint::load(run, &[BEST, LATEST], &device).unwrap(),
+        device,
+    )
+}
+
+/// `evaluate`'s loss (`text_loss`) on `text` under the run's model.
+pub fn evaluated(run: &Path, text: &str) -> f64 {
+    let (loaded, device) = loaded(run);
+    let ids = loaded.tokenizer.encode(text).unwrap();
+    cinder::run::eval::text_loss(&loaded.model, &ids, 1, &device, |_, _| {}).loss
+}
+
 /// `generate`'s samples (the library's, as the binary calls it) from the run at `run`.
 pub fn generated(
     run: &Path,
@@ -251,8 +267,7 @@ pub fn generated(
     seed: u64,
     tokens: usize,
 ) -> Vec<String> {
-    let device = Backend::cpu().unwrap().device;
-    let loaded = checkpoint::load(run, &[BEST, LATEST], &device).unwrap();
+    let (loaded, device) = loaded(run);
     let ids = loaded.tokenizer.encode(prompt).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: tokens,
