@@ -163,12 +163,82 @@ cinder_model::model_fields!(run_config! { run {
     checkpoint_interval: u64 = 250, "Write latest/ every this many steps";
     sample_tokens: usize = 200, "Tokens sampled into samples.jsonl at each evaluation (generate's default prompt, temperature and top-k, the run's seed); 0 disables";
     early_stop: u64 = 0, "Stop after this many evaluations in a row without a new best validation loss (best/ keeps the best weights); 0 never stops early";
+    // The time a new run may take (`train --time`).
+    time_budget: TimeBudget = TimeBudget::OFF, "Wall time for the whole run, from start to exit (90s, 10m, 1h): the shape and schedule are then chosen to fit it, on this text and this machine; off: the config's own";
     // Data.
     train_fraction: f64 = 0.9, "Leading fraction of the text used for training";
     seed: u64 = 1337, "Seed of the weights, batches and dropout";
     tokenizer: String = tokenizer::CHAR.into(), "char, bpe (trained on the training text), or the path of a Hugging Face tokenizer.json";
     vocab_size: usize = 0, "Tokens of the BPE that --tokenizer bpe trains (0: its default size), or the model's vocabulary padded beyond a tokenizer.json's (0: the file's)";
 }});
+
+/// How long a new run may take, start to exit (`train --time 10m`), or no limit (`off`). A run
+/// with a budget has its shape and schedule chosen for it once, when it starts
+/// ([`crate::run::plan`]); written into the run's config, they fix its iterations, so a resumed
+/// run goes on exactly as it would have.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TimeBudget(pub Option<std::time::Duration>);
+
+impl TimeBudget {
+    /// No budget: the config's own shape and schedule.
+    pub const OFF: TimeBudget = TimeBudget(None);
+
+    /// The budget in seconds, if there is one.
+    pub fn seconds(&self) -> Option<f64> {
+        self.0.map(|d| d.as_secs_f64())
+    }
+}
+
+impl std::fmt::Display for TimeBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => f.write_str("off"),
+            Some(d) => write!(f, "{}", humantime::format_duration(d)),
+        }
+    }
+}
+
+impl std::str::FromStr for TimeBudget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s == "off" || s == "0" {
+            return Ok(Self::OFF);
+        }
+        let d = humantime::parse_duration(s).map_err(|e| {
+            format!("`{s}` is not a duration ({e}): write it as 90s, 10m, 1h or 1h 30m, or off")
+        })?;
+        if d.is_zero() {
+            return Ok(Self::OFF);
+        }
+        Ok(Self(Some(d)))
+    }
+}
+
+impl Serialize for TimeBudget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TimeBudget {
+    /// `"10m"`, `"off"`, or a number of seconds.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Text(String),
+            Seconds(u64),
+        }
+        match Written::deserialize(d)? {
+            Written::Text(text) => text.parse().map_err(serde::de::Error::custom),
+            Written::Seconds(s) => Ok(Self(
+                (s > 0).then(|| std::time::Duration::from_secs(s)),
+            )),
+        }
+    }
+}
 
 /// The context of nanoGPT's CPU recipe, the built-in default (a model has none of its own).
 pub const DEFAULT_BLOCK_SIZE: usize = 64;
