@@ -15,7 +15,7 @@ use cinder::run::samples::SampleLog;
 use cinder::run::start::{self, StartRequest};
 use cinder::run::trainer::Outcome;
 use cinder::storage::names::{self, BEST, LATEST};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 /// Train a GPT on a text file, or resume a run from its checkpoint.
 ///
@@ -75,10 +75,27 @@ fn ops_description(ops: cinder_model::Ops) -> &'static str {
 }
 
 fn main() {
-    exit_on_error(run(Args::parse()));
+    let started = std::time::Instant::now();
+    // The config field time_budget's flag is --time (--time-budget too), for a new run only.
+    let matches = Args::command()
+        .mut_arg("time_budget", |a| {
+            a.long("time")
+                .visible_alias("time-budget")
+                .value_name("DURATION")
+                .conflicts_with("resume")
+                .long_help(TIME_HELP)
+        })
+        .get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    exit_on_error(run(args, started));
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+const TIME_HELP: &str = "Train for this long, start to exit (90s, 10m, 1h): measures this machine \
+    briefly, then chooses the model's shape, the steps, the schedule and dropout for this text \
+    and this time, and writes them into the run's config.toml. Flags for those fields fix them; \
+    --max-iters and --lr-decay-iters cannot go with it [config: time_budget; default: off]";
+
+fn run(args: Args, started: std::time::Instant) -> anyhow::Result<()> {
     let verbosity = match (args.quiet, args.verbose) {
         (true, _) => Verbosity::Quiet,
         (_, true) => Verbosity::Verbose,
@@ -104,10 +121,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         init_from: args.init_from.clone(),
         overwrite: args.overwrite,
         overrides: args.overrides.clone(),
+        ops: args.run_on.ops.into(),
+        started,
     };
     // The lock is held until the process ends.
-    let (trainer, _lock) = start::open(&request, backend, &say)?;
-    let mut trainer = trainer.with_ops(args.run_on.ops.into());
+    let (mut trainer, _lock) = start::open(&request, backend, &say)?;
     say(format!("layers: {}", ops_description(trainer.ops())));
     let (tokens, rows) = (
         trainer.tokenizer().vocab_size(),
@@ -190,6 +208,21 @@ fn run(args: Args) -> anyhow::Result<()> {
                 console.elapsed(),
                 iters as usize * trainer.config().tokens_per_iter(),
             );
+            // (A resumed run's process is only part of the run's wall time.)
+            if let Some(budget) = trainer
+                .config()
+                .time_budget
+                .seconds()
+                .filter(|_| start_iter == 0)
+            {
+                let wall = started.elapsed().as_secs_f64();
+                println!(
+                    "wall time {} of the {} budget ({:.0}%), from start to exit",
+                    cinder::run::plan::seconds(wall),
+                    trainer.config().time_budget,
+                    100.0 * wall / budget
+                );
+            }
             println!(
                 "checkpoints: {} and {}; metrics: {}; loss curve: {}; samples: {}",
                 out.join(BEST).display(),

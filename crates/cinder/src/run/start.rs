@@ -4,6 +4,7 @@
 //! its own text; `train` only parses its flags and reports.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 
@@ -11,6 +12,7 @@ use crate::cli::{Overrides, adopt_architecture, apply_on_resume};
 use crate::config::{TokenizerKind, TrainConfig};
 use crate::data::{TokenizerChoice, TrainingData};
 use crate::device::Backend;
+use crate::run::plan;
 use crate::run::trainer::Trainer;
 use crate::storage::checkpoint;
 use crate::storage::names::{self, BEST, LATEST, READ};
@@ -43,6 +45,10 @@ pub struct StartRequest {
     pub overwrite: bool,
     /// Config fields set by flags.
     pub overrides: Overrides,
+    /// Which layers the run uses (and measures, with a time budget).
+    pub ops: cinder_model::Ops,
+    /// When the program started: a time budget counts from there.
+    pub started: Instant,
 }
 
 /// The trainer of the run `req` asks for, and the lock on its folder (held until dropped).
@@ -91,6 +97,10 @@ fn start_new(
     req.overrides.apply(&mut config);
     if let Some(from) = &req.init_from {
         config.init_from = Some(from.clone());
+    }
+    if config.time_budget.seconds().is_some() {
+        // Before a folder is touched: a plan's flags that contradict it are refused first.
+        plan::check(&config, &req.overrides)?;
     }
     let out = req
         .out
@@ -143,11 +153,6 @@ fn start_new(
             aside.display()
         ));
     }
-    let source = file.map_or("built in".into(), |f| f.display().to_string());
-    say(format!(
-        "configuration ({source}):\n{}",
-        indent(&config.to_toml())
-    ));
     let mut progress = progress_lines(say);
     let data = match &init {
         Some((dir, meta)) => {
@@ -180,6 +185,32 @@ fn start_new(
         )?,
     };
     report_data(&data, say);
+    let data = if config.time_budget.seconds().is_some() {
+        let fixed = &req.overrides;
+        let (data, _) = plan::fit(
+            &mut config,
+            fixed,
+            data,
+            req.started,
+            &backend,
+            req.ops,
+            &out,
+            say,
+        )?;
+        data
+    } else {
+        data
+    };
+    let source = file.map_or("built in".into(), |f| f.display().to_string());
+    let planned = if config.time_budget.seconds().is_some() {
+        ", with the shape and schedule chosen for the time budget"
+    } else {
+        ""
+    };
+    say(format!(
+        "configuration ({source}{planned}):\n{}",
+        indent(&config.to_toml())
+    ));
     let config_path = out.join(names::CONFIG);
     std::fs::write(&config_path, config.to_toml())
         .with_context(|| format!("cannot write {}", config_path.display()))?;
@@ -187,7 +218,7 @@ fn start_new(
         Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
         None => Trainer::new(config, backend, data, out)?,
     };
-    Ok((trainer, lock))
+    Ok((trainer.with_ops(req.ops), lock))
 }
 
 /// The `block_size` the config file at `path` sets, if it sets one.
@@ -310,7 +341,7 @@ fn resume(
     }
     report_data(&data, say);
     let trainer = Trainer::resume(&dir, &meta, config, backend, data, out)?;
-    Ok((trainer, lock))
+    Ok((trainer.with_ops(req.ops), lock))
 }
 
 /// Whether two paths name the same folder (both exist when this is asked).

@@ -388,15 +388,7 @@ impl Trainer {
         };
         let train_loss = loss(Split::Train)?;
         let val_loss = loss(Split::Val)?;
-        let sample = (c.sample_tokens > 0).then(|| {
-            sampling::sample(
-                &model,
-                &self.tokenizer,
-                c.sample_tokens,
-                c.seed,
-                &self.backend.device,
-            )
-        });
+        let sample = self.sample();
         Some(EvalReport {
             iter: self.iter,
             train_loss,
@@ -405,6 +397,36 @@ impl Trainer {
             trend: self.trend,
             sample,
         })
+    }
+
+    /// What the model writes now: `sample_tokens` of it from generate's default prompt, with
+    /// the run's seed ([`sampling::sample`]); `None` when `sample_tokens` is 0.
+    pub fn sample(&self) -> Option<String> {
+        let c = &self.config;
+        (c.sample_tokens > 0).then(|| {
+            sampling::sample(
+                &self.model.valid(),
+                &self.tokenizer,
+                c.sample_tokens,
+                c.seed,
+                &self.backend.device,
+            )
+        })
+    }
+
+    /// Writes the checkpoint `name` of the run folder (what measuring a shape times).
+    pub fn save_checkpoint(&self, name: &str) -> Result<(), TrainError> {
+        self.save(name, None, &mut ())
+    }
+
+    /// The run's data, given back (measuring a shape borrows it).
+    pub fn into_data(self) -> TrainingData {
+        TrainingData {
+            paths: self.data_paths,
+            tokenizer: self.tokenizer,
+            splits: self.splits,
+            identity: self.data_identity,
+        }
     }
 
     /// Writes the checkpoint `name` of the run folder.

@@ -1,0 +1,914 @@
+//! `train --time`: the run this machine can make from this text in the time given.
+//!
+//! A new run with a [`TimeBudget`] has its shape and schedule chosen once, as it starts, after
+//! its text is read and tokenized (a BPE's training included):
+//! 1. [`measure`]: a few steps of each shape of the [`LADDER`], smallest first, within
+//!    [`MEASURE_SHARE`] of the budget: seconds per step, per evaluation batch and per checkpoint;
+//! 2. [`choose`]: the rule below, a pure function of the text's tokens, the seconds left and
+//!    the measured speeds;
+//! 3. [`Plan::apply`] writes the choice into the config, which the run folder keeps. The
+//!    iterations are then fixed: a resumed run goes on as the uninterrupted one would have,
+//!    never reading a clock.
+//!
+//! # The rule
+//! Each measured shape gets the steps that fit in the time left after its evaluations and
+//! checkpoints. Of the shapes that get at least [`MIN_STEPS`], the one chosen is the one whose
+//! tokens per parameter are nearest [`TOKENS_PER_PARAM`] (on a log scale), counting repeated
+//! epochs at a discount ([`effective_tokens`]). A larger text or a faster machine so moves the
+//! choice up the ladder, a smaller text down it. Dropout follows the epochs the run will see
+//! ([`dropout_for`]). The constants are fitted to the measured runs of BENCHMARKS.md (section
+//! 24), where the table and the fit are.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use cinder_data::Split;
+use cinder_model::Ops;
+
+use crate::config::{Overrides, TrainConfig};
+use crate::data::TrainingData;
+use crate::device::Backend;
+use crate::run::trainer::{TrainError, Trainer};
+
+/// The shape fields a plan chooses (unless a flag fixes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub block_size: usize,
+    pub batch_size: usize,
+}
+
+/// The shapes a plan chooses from, smallest first: each about 2-3x the compute per token of
+/// the one before. The third is the default run's (`configs/tiny_cpu.toml`), the fifth the
+/// ten-minute recipe's (`configs/shakespeare_10min.toml`).
+pub const LADDER: &[Shape] = &[
+    shape(2, 64, 2, 64, 16),
+    shape(3, 96, 3, 64, 16),
+    shape(4, 128, 4, 64, 24),
+    shape(4, 192, 6, 128, 16),
+    shape(6, 256, 4, 128, 32),
+    shape(8, 384, 6, 256, 24),
+    shape(10, 512, 8, 256, 32),
+    shape(12, 768, 12, 512, 32),
+];
+
+const fn shape(
+    n_layer: usize,
+    n_embd: usize,
+    n_head: usize,
+    block_size: usize,
+    batch_size: usize,
+) -> Shape {
+    Shape {
+        n_layer,
+        n_embd,
+        n_head,
+        block_size,
+        batch_size,
+    }
+}
+
+/// The target of the rule: training tokens (repeats discounted) per weight in the blocks.
+pub const TOKENS_PER_PARAM: f64 = 2.0;
+/// The fewest optimiser steps a plan gives a model: fewer, and warm-up and cool-down are most
+/// of the run.
+pub const MIN_STEPS: u64 = 300;
+/// Repeated epochs count less: the `R*` of Muennighoff et al. (2023), "Scaling Data-Constrained
+/// Language Models": after the first epoch, each repeat is worth `exp(-r / R*)` of a new one.
+pub const REPEAT_DECAY: f64 = 15.0;
+/// Evaluations in a run (the last at its end); early stopping counts them.
+pub const EVALUATIONS: u64 = 8;
+/// Evaluations in a row without a new best after which a planned run stops.
+pub const EARLY_STOP: u64 = 3;
+/// The share of the time left that the evaluations may take.
+pub const EVAL_SHARE: f64 = 0.08;
+/// The share of the budget that measuring may take.
+pub const MEASURE_SHARE: f64 = 0.05;
+/// Kept back for what follows the last step (the summary, the loss plot): this share of the
+/// budget and a second.
+pub const RESERVE: (f64, f64) = (0.02, 1.0);
+/// Warm-up steps, as a share of the steps (the default run's 100 of 880).
+pub const WARMUP_SHARE: f64 = 100.0 / 880.0;
+
+impl Shape {
+    /// Weights in the transformer blocks (attention 4 d², MLP 8 d² per layer): what the rule
+    /// counts, leaving out the embedding and the head, whose size is the vocabulary's.
+    pub fn params(&self) -> f64 {
+        12.0 * (self.n_layer * self.n_embd * self.n_embd) as f64
+    }
+
+    /// Tokens per optimiser step.
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch_size * self.block_size
+    }
+
+    /// This shape with the fields that `fixed` (the flags) sets.
+    fn with_fixed(&self, fixed: &Overrides) -> Shape {
+        let n_embd = fixed.n_embd.unwrap_or(self.n_embd);
+        let n_head = fixed.n_head.unwrap_or(if fixed.n_embd.is_some() {
+            heads_for(n_embd)
+        } else {
+            self.n_head
+        });
+        Shape {
+            n_layer: fixed.n_layer.unwrap_or(self.n_layer),
+            n_embd,
+            n_head,
+            block_size: fixed.block_size.unwrap_or(self.block_size),
+            batch_size: fixed.batch_size.unwrap_or(self.batch_size),
+        }
+    }
+
+    /// `c` with this shape.
+    pub fn apply(&self, c: &mut TrainConfig) {
+        c.n_layer = self.n_layer;
+        c.n_embd = self.n_embd;
+        c.n_head = self.n_head;
+        c.block_size = self.block_size;
+        c.batch_size = self.batch_size;
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} x {} ({} heads), context {}",
+            self.n_layer, self.n_embd, self.n_head, self.block_size
+        )
+    }
+}
+
+/// Heads for a width that a flag sets: of 32 up to a width of 128, of 64 above, or one head
+/// if those do not divide `n_embd`.
+fn heads_for(n_embd: usize) -> usize {
+    let head = if n_embd > 128 { 64 } else { 32 };
+    if n_embd.is_multiple_of(head) {
+        n_embd / head
+    } else {
+        1
+    }
+}
+
+/// What measuring found for one shape, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Speed {
+    /// One optimiser step.
+    pub step: f64,
+    /// One batch of an evaluation (forward only).
+    pub eval_batch: f64,
+    /// Writing one checkpoint.
+    pub save: f64,
+    /// The sample written at each evaluation (`sample_tokens`; 0 when none is).
+    #[serde(default)]
+    pub sample: f64,
+}
+
+/// A shape and its measured speed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub shape: Shape,
+    pub speed: Speed,
+}
+
+/// What a plan decided: the config's fields, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub shape: Shape,
+    pub speed: Speed,
+    pub steps: u64,
+    pub warmup: u64,
+    pub eval_interval: u64,
+    pub eval_iters: usize,
+    pub checkpoint_interval: u64,
+    pub early_stop: u64,
+    pub dropout: f64,
+    /// Epochs of the training split the steps read.
+    pub epochs: f64,
+    /// Training tokens (repeats discounted) per weight in the blocks.
+    pub tokens_per_param: f64,
+    /// Seconds the steps, evaluations and checkpoints are expected to take.
+    pub seconds: f64,
+}
+
+/// Why a budget cannot be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "a time budget of {budget} is too small for this text on this machine: {spent} went to \
+         reading it and measuring, and the smallest model ({shape}) needs {MIN_STEPS} steps of \
+         {step} and its evaluations. The least that works here is about --time {least}; or \
+         train without a time budget"
+    )]
+    TooSmall {
+        budget: String,
+        spent: String,
+        shape: Shape,
+        step: String,
+        least: String,
+    },
+    #[error(
+        "--time (time_budget) chooses the shape and the schedule: it cannot go with --{0} \
+         (give one or the other)"
+    )]
+    Contradicts(&'static str),
+    #[error(
+        "--time (time_budget) chooses a new model's shape: a fine-tuning (--init-from) keeps its checkpoint's, \
+         so give it --max-iters instead"
+    )]
+    FineTuning,
+    #[error("no shape of the ladder fits this text: {0}")]
+    NoShape(String),
+    #[error("CINDER_TEST_SPEEDS (for tests) is not {{\"spent\": s, \"speeds\": [...]}}: {0}")]
+    Injected(String),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+}
+
+/// Whether `config` can be planned with the flags `fixed`: asked before anything is written
+/// or moved, and again when planning.
+pub fn check(config: &TrainConfig, fixed: &Overrides) -> Result<(), PlanError> {
+    check_flags(fixed)?;
+    if config.init_from.is_some() {
+        return Err(PlanError::FineTuning);
+    }
+    Ok(())
+}
+
+/// The flags that a plan sets and that cannot go with `--time`.
+fn check_flags(fixed: &Overrides) -> Result<(), PlanError> {
+    if fixed.max_iters.is_some() {
+        return Err(PlanError::Contradicts("max-iters"));
+    }
+    if fixed.lr_decay_iters.is_some() {
+        return Err(PlanError::Contradicts("lr-decay-iters"));
+    }
+    Ok(())
+}
+
+/// Training tokens with repeats discounted: the first epoch counts whole, each later one
+/// `exp(-r / REPEAT_DECAY)` of a new one (r repeats so far), as Muennighoff et al. fit it.
+pub fn effective_tokens(tokens: f64, text_tokens: f64) -> f64 {
+    if tokens <= text_tokens || text_tokens <= 0.0 {
+        return tokens;
+    }
+    let repeats = tokens / text_tokens - 1.0;
+    text_tokens * (1.0 + REPEAT_DECAY * (1.0 - (-repeats / REPEAT_DECAY).exp()))
+}
+
+/// Dropout for a run that reads its text `epochs` times: none while it sees each token about
+/// once or twice, more as it repeats them.
+pub fn dropout_for(epochs: f64) -> f64 {
+    if epochs <= 2.0 {
+        0.0
+    } else if epochs <= 8.0 {
+        0.1
+    } else {
+        0.2
+    }
+}
+
+/// What a plan is made for: the text's training tokens, and the fields that the flags (or, for
+/// `accumulation`, the config) fix.
+#[derive(Debug, Clone, Copy)]
+pub struct Fixed<'a> {
+    pub train_tokens: usize,
+    /// Micro-batches per step (`gradient_accumulation_steps`).
+    pub accumulation: usize,
+    pub flags: &'a Overrides,
+}
+
+/// The plan for `candidates` (measured, smallest first) with `seconds_left` for training,
+/// evaluating and checkpointing. `None` when no candidate gets [`MIN_STEPS`].
+pub fn choose(seconds_left: f64, candidates: &[Candidate], fixed: Fixed) -> Option<Plan> {
+    let mut best: Option<(f64, Plan)> = None;
+    for c in candidates {
+        let Some(plan) = plan_for(c, seconds_left, fixed) else {
+            continue;
+        };
+        let score = (plan.tokens_per_param / TOKENS_PER_PARAM).ln().abs();
+        if best.as_ref().is_none_or(|(s, _)| score < *s) {
+            best = Some((score, plan));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+/// What `steps` steps of a candidate cost with their evaluations and checkpoints.
+struct Costs<'a> {
+    speed: Speed,
+    eval_iters: usize,
+    flags: &'a Overrides,
+}
+
+impl Costs<'_> {
+    /// Steps between evaluations: [`EVALUATIONS`] in the run, unless a flag fixes it.
+    fn eval_interval(&self, steps: u64) -> u64 {
+        self.flags
+            .eval_interval
+            .unwrap_or(steps.div_ceil(EVALUATIONS))
+            .max(1)
+    }
+
+    /// Steps between writes of latest/: every other evaluation, unless a flag fixes it.
+    fn checkpoint_interval(&self, steps: u64) -> u64 {
+        self.flags
+            .checkpoint_interval
+            .unwrap_or(2 * self.eval_interval(steps))
+            .max(1)
+    }
+
+    /// Seconds of everything but the steps: each evaluation reads `eval_iters` batches of
+    /// both splits, writes a sample and (at most) best/; latest/ is written at its interval
+    /// and at the end.
+    fn overhead(&self, steps: u64) -> f64 {
+        let Speed {
+            eval_batch,
+            save,
+            sample,
+            ..
+        } = self.speed;
+        let evals = steps.div_ceil(self.eval_interval(steps)) as f64;
+        let saves = (steps / self.checkpoint_interval(steps) + 1) as f64;
+        evals * (2.0 * self.eval_iters as f64 * eval_batch + sample + save) + saves * save
+    }
+
+    fn seconds(&self, steps: u64) -> f64 {
+        steps as f64 * self.speed.step + self.overhead(steps)
+    }
+
+    /// The most steps that fit in `seconds`.
+    fn steps_within(&self, seconds: f64) -> u64 {
+        let (mut lo, mut hi) = (0, (seconds / self.speed.step).max(0.0) as u64 + 1);
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            if self.seconds(mid) <= seconds {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
+/// Batches each evaluation reads per split: as many as fit in [`EVAL_SHARE`] of the time,
+/// from 10 to 100, unless a flag fixes it.
+fn eval_iters(speed: &Speed, seconds_left: f64, flags: &Overrides) -> usize {
+    flags.eval_iters.unwrap_or_else(|| {
+        let fit = EVAL_SHARE * seconds_left / (EVALUATIONS as f64 * 2.0 * speed.eval_batch);
+        (fit.floor() as usize).clamp(10, 100)
+    })
+}
+
+/// `c`'s plan for `seconds_left`, if it gets [`MIN_STEPS`].
+fn plan_for(c: &Candidate, seconds_left: f64, fixed: Fixed) -> Option<Plan> {
+    let flags = fixed.flags;
+    let costs = Costs {
+        speed: c.speed,
+        eval_iters: eval_iters(&c.speed, seconds_left, flags),
+        flags,
+    };
+    let steps = costs.steps_within(seconds_left);
+    if steps < MIN_STEPS {
+        return None;
+    }
+    let train_tokens = fixed.train_tokens.max(1) as f64;
+    let tokens = (steps as usize * c.shape.tokens_per_step() * fixed.accumulation) as f64;
+    let epochs = tokens / train_tokens;
+    Some(Plan {
+        shape: c.shape,
+        speed: c.speed,
+        steps,
+        warmup: flags
+            .warmup_iters
+            .unwrap_or(((steps as f64 * WARMUP_SHARE).round() as u64).max(1)),
+        eval_interval: costs.eval_interval(steps),
+        eval_iters: costs.eval_iters,
+        checkpoint_interval: costs.checkpoint_interval(steps),
+        early_stop: flags.early_stop.unwrap_or(EARLY_STOP),
+        dropout: flags.dropout.unwrap_or(dropout_for(epochs)),
+        epochs,
+        tokens_per_param: effective_tokens(tokens, train_tokens) / c.shape.params(),
+        seconds: costs.seconds(steps),
+    })
+}
+
+/// The least time that the smallest candidate needs for [`MIN_STEPS`] and its evaluations,
+/// on top of what was spent before planning.
+fn least_seconds(smallest: &Candidate, flags: &Overrides) -> f64 {
+    let costs = Costs {
+        speed: smallest.speed,
+        eval_iters: flags.eval_iters.unwrap_or(10),
+        flags,
+    };
+    costs.seconds(MIN_STEPS)
+}
+
+impl Plan {
+    /// `c` with this plan's shape and schedule.
+    pub fn apply(&self, c: &mut TrainConfig) {
+        self.shape.apply(c);
+        c.max_iters = self.steps;
+        c.lr_decay_iters = self.steps;
+        c.warmup_iters = self.warmup;
+        c.eval_interval = self.eval_interval;
+        c.eval_iters = self.eval_iters;
+        c.checkpoint_interval = self.checkpoint_interval;
+        c.early_stop = self.early_stop;
+        c.dropout = self.dropout;
+    }
+
+    /// The choice in a sentence, with its reason.
+    pub fn describe(&self, text: &str) -> String {
+        format!(
+            "{text}: {}, {:.2}M weights in the blocks; {} steps of {} windows ({} a step), \
+             dropout {}: about {:.1} epochs, {:.1} tokens per weight (the rule's target is \
+             {TOKENS_PER_PARAM}); {} evaluations of {} batches, stopping after {} without a new \
+             best; about {} of training",
+            self.shape,
+            self.shape.params() / 1e6,
+            group(self.steps),
+            self.shape.batch_size,
+            seconds(self.speed.step),
+            self.dropout,
+            self.epochs,
+            self.tokens_per_param,
+            self.steps.div_ceil(self.eval_interval),
+            self.eval_iters,
+            self.early_stop,
+            seconds(self.seconds),
+        )
+    }
+}
+
+/// `n` with thousands separated: 12,345.
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Seconds as people write them: 85 ms, 4.2 s, 1m 52s.
+pub fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        let s = s.round() as u64;
+        format!("{}m {:02}s", s / 60, s % 60)
+    }
+}
+
+/// The shapes of the ladder that `config` and `fixed` allow, smallest first: the flags' fields
+/// kept, duplicates and shapes whose context does not fit the splits (`shortest` tokens)
+/// left out, each valid as a config.
+pub fn candidates(config: &TrainConfig, fixed: &Overrides, shortest: usize) -> Vec<Shape> {
+    let mut out: Vec<Shape> = Vec::new();
+    for s in LADDER.iter().map(|s| s.with_fixed(fixed)) {
+        let mut c = config.clone();
+        s.apply(&mut c);
+        if out.contains(&s) || s.block_size >= shortest || c.validate().is_err() {
+            continue;
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// Steps of each shape run before timing.
+const WARM_STEPS: usize = 2;
+/// Steps of each shape timed, at the least.
+const MEASURED_STEPS: usize = 3;
+
+/// What measuring did: the speeds, the data back, and what it cost.
+pub struct Measured {
+    pub candidates: Vec<Candidate>,
+    pub data: TrainingData,
+}
+
+/// Measures `shapes` in turn on `data` with `config`'s other settings: a few steps to warm
+/// up, a few timed, an evaluation of two batches per split and one checkpoint (into `scratch`, which
+/// is removed), and the sample an evaluation writes. Stops before a shape whose steps would take the measuring past `allowance`
+/// seconds, or after one too slow to get [`MIN_STEPS`] in `seconds_left`. The first shape is
+/// always measured. `say` reports each.
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    config: &TrainConfig,
+    shapes: &[Shape],
+    mut data: TrainingData,
+    backend: &Backend,
+    ops: Ops,
+    scratch: &Path,
+    allowance: f64,
+    seconds_left: f64,
+    say: &dyn Fn(String),
+) -> Result<Measured, TrainError> {
+    let started = Instant::now();
+    // The time given to timing one shape's steps: a sixth of the allowance, at least 0.3 s.
+    let per_shape = (allowance / 6.0).max(0.3);
+    let mut out: Vec<Candidate> = Vec::new();
+    for &shape in shapes {
+        if let Some(last) = out.last() {
+            // The next shape's steps, scaled from the last by compute per step.
+            let ratio = (shape.params() * shape.tokens_per_step() as f64)
+                / (last.shape.params() * last.shape.tokens_per_step() as f64);
+            let next = last.speed.step * ratio;
+            let predicted =
+                WARM_STEPS as f64 * next + (MEASURED_STEPS as f64 * next).max(per_shape);
+            if started.elapsed().as_secs_f64() + predicted > allowance {
+                break;
+            }
+        }
+        let mut c = TrainConfig {
+            eval_iters: 2,
+            ..config.clone()
+        };
+        shape.apply(&mut c);
+        let mut trainer =
+            Trainer::new(c, backend.clone(), data, scratch.to_path_buf())?.with_ops(ops);
+        // The first steps allocate and warm the caches; then at least MEASURED_STEPS, more
+        // while they take under `per_shape` (steps on a shared machine are noisy).
+        for _ in 0..WARM_STEPS {
+            trainer.step();
+        }
+        let t = Instant::now();
+        let mut n = 0;
+        while n < MEASURED_STEPS || (n < 50 && t.elapsed().as_secs_f64() < per_shape) {
+            trainer.step();
+            n += 1;
+        }
+        let step = t.elapsed().as_secs_f64() / n as f64;
+        // An evaluation writes a sample too: timed on its own.
+        let t = Instant::now();
+        let _ = trainer.sample();
+        let sample = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let _ = trainer.evaluate(&mut (), &AtomicBool::new(false));
+        let eval_batch = (t.elapsed().as_secs_f64() - sample).max(0.0) / 4.0;
+        let t = Instant::now();
+        trainer.save_checkpoint(crate::storage::names::LATEST)?;
+        let save = t.elapsed().as_secs_f64();
+        data = trainer.into_data();
+        let speed = Speed {
+            step,
+            eval_batch,
+            save,
+            sample,
+        };
+        say(format!(
+            "  {shape}, batch {}: {} a step, {} an evaluation batch, {} a sample, {} a \
+             checkpoint",
+            shape.batch_size,
+            self::seconds(step),
+            self::seconds(eval_batch),
+            self::seconds(sample),
+            self::seconds(save)
+        ));
+        out.push(Candidate { shape, speed });
+        if seconds_left / step < MIN_STEPS as f64 {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+    Ok(Measured {
+        candidates: out,
+        data,
+    })
+}
+
+/// Plans `config` for its time budget: measures this machine (or, in tests, takes what
+/// `CINDER_TEST_SPEEDS` gives: [`Injected`]),
+/// chooses, and applies the plan to `config`. `started` is when the program started: the
+/// budget counts from there. Returns the data back, and the plan.
+#[allow(clippy::too_many_arguments)]
+pub fn fit(
+    config: &mut TrainConfig,
+    fixed: &Overrides,
+    data: TrainingData,
+    started: Instant,
+    backend: &Backend,
+    ops: Ops,
+    out: &Path,
+    say: &dyn Fn(String),
+) -> Result<(TrainingData, Plan), PlanError> {
+    let budget = config
+        .time_budget
+        .seconds()
+        .expect("fit is called for a run with a budget");
+    check(config, fixed)?;
+    let shortest = data.tokens(Split::Train).min(data.tokens(Split::Val));
+    let shapes = candidates(config, fixed, shortest);
+    if shapes.is_empty() {
+        let mut c = config.clone();
+        LADDER[0].with_fixed(fixed).apply(&mut c);
+        let why = match c.validate() {
+            Err(e) => e.to_string(),
+            Ok(()) => format!("a split has only {shortest} tokens, fewer than any context"),
+        };
+        return Err(PlanError::NoShape(why));
+    }
+    let reserve = RESERVE.0 * budget + RESERVE.1;
+    let injected = test_speeds()?;
+    // Seconds since the program started (for tests, as injected).
+    let spent = || {
+        injected
+            .as_ref()
+            .map_or(started.elapsed().as_secs_f64(), |t| t.spent)
+    };
+    let left = || budget - spent() - reserve;
+    let (data, candidates) = match &injected {
+        Some(t) => (
+            data,
+            shapes
+                .iter()
+                .zip(&t.speeds)
+                .map(|(&shape, &speed)| Candidate { shape, speed })
+                .collect(),
+        ),
+        None => {
+            say(format!(
+                "measuring this machine (at most {} of the {} budget):",
+                seconds(MEASURE_SHARE * budget),
+                config.time_budget
+            ));
+            let m = measure(
+                config,
+                &shapes,
+                data,
+                backend,
+                ops,
+                &out.join(".measuring"),
+                MEASURE_SHARE * budget,
+                left(),
+                say,
+            )?;
+            (m.data, m.candidates)
+        }
+    };
+    let train_tokens = data.tokens(Split::Train);
+    let seconds_left = left();
+    let within = Fixed {
+        train_tokens,
+        accumulation: config.gradient_accumulation_steps,
+        flags: fixed,
+    };
+    let Some(plan) = choose(seconds_left, &candidates, within) else {
+        let Some(smallest) = candidates.first() else {
+            return Err(PlanError::NoShape("no shape was measured".into()));
+        };
+        let spent = spent();
+        let needs = least_seconds(smallest, fixed);
+        let least = (spent + needs + RESERVE.1) / (1.0 - RESERVE.0 - MEASURE_SHARE);
+        return Err(PlanError::TooSmall {
+            budget: config.time_budget.to_string(),
+            spent: seconds(spent),
+            shape: smallest.shape,
+            step: seconds(smallest.speed.step),
+            least: as_flag(least),
+        });
+    };
+    plan.apply(config);
+    let text = format!(
+        "{} tokens of text to train on, {} of the budget left",
+        group(train_tokens as u64),
+        seconds(seconds_left)
+    );
+    say(format!("chose {}", plan.describe(&text)));
+    Ok((data, plan))
+}
+
+/// `seconds` rounded up as `--time` takes it in one word: 45s, 3m.
+fn as_flag(seconds: f64) -> String {
+    if seconds <= 120.0 {
+        format!("{}s", seconds.ceil() as u64)
+    } else {
+        format!("{}m", (seconds / 60.0).ceil() as u64)
+    }
+}
+
+/// What `CINDER_TEST_SPEEDS` gives in tests: the seconds spent before planning, and the speeds
+/// of the first shapes that would be measured.
+#[derive(serde::Deserialize)]
+struct Injected {
+    spent: f64,
+    speeds: Vec<Speed>,
+}
+
+/// The speeds and time spent that `CINDER_TEST_SPEEDS` gives (tests only): measuring is
+/// skipped and the clock ignored, so that a plan is the same on any machine.
+fn test_speeds() -> Result<Option<Injected>, PlanError> {
+    let Ok(text) = std::env::var("CINDER_TEST_SPEEDS") else {
+        return Ok(None);
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| PlanError::Injected(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A text of `train_tokens` tokens, without accumulation.
+    fn on(train_tokens: usize, flags: &Overrides) -> Fixed<'_> {
+        Fixed {
+            train_tokens,
+            accumulation: 1,
+            flags,
+        }
+    }
+
+    fn speeds(steps: &[f64]) -> Vec<Candidate> {
+        LADDER
+            .iter()
+            .zip(steps)
+            .map(|(&shape, &step)| Candidate {
+                shape,
+                speed: Speed {
+                    step,
+                    eval_batch: step / 4.0,
+                    save: 0.02,
+                    sample: 0.05,
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_choice_is_a_function_of_text_budget_and_speed() {
+        let c = speeds(&[0.01, 0.03, 0.09, 0.25, 0.8, 2.5]);
+        let fixed = Overrides::default();
+        // The rule's choice for these speeds, worked out by hand: 4 x 128 gets 1,119 steps of
+        // 1,536 tokens (100.7 s, and 9.3 s for 8 evaluations of 24 batches, their samples and
+        // 4 checkpoints), 1.72 epochs, 2.2 tokens per weight (3 x 96 would get 9.9, 4 x 192 0.5).
+        let a = choose(110.0, &c, on(1_000_000, &fixed)).unwrap();
+        assert_eq!(
+            (a.shape, a.steps, a.eval_iters),
+            (LADDER[2], 1119, 24),
+            "{a:?}"
+        );
+        assert_eq!(a.dropout, 0.0);
+        assert!((a.tokens_per_param - 2.164).abs() < 1e-3, "{a:?}");
+        // More time, or more text, never chooses a smaller model; a slower machine never a
+        // larger one.
+        let mut last = 0.0;
+        for left in [20.0, 60.0, 110.0, 300.0, 600.0, 3600.0] {
+            let p = choose(left, &c, on(1_000_000, &fixed)).unwrap();
+            assert!(p.shape.params() >= last, "{left} s: {p:?}");
+            assert!(p.seconds <= left, "{left} s: {p:?}");
+            last = p.shape.params();
+        }
+        let small = choose(600.0, &c, on(100_000, &fixed)).unwrap();
+        let large = choose(600.0, &c, on(20_000_000, &fixed)).unwrap();
+        assert!(small.shape.params() <= large.shape.params());
+        assert!(small.dropout >= large.dropout);
+        let slow: Vec<Candidate> = c
+            .iter()
+            .map(|c| Candidate {
+                speed: Speed {
+                    step: c.speed.step * 4.0,
+                    ..c.speed
+                },
+                ..*c
+            })
+            .collect();
+        let p = choose(600.0, &slow, on(1_000_000, &fixed)).unwrap();
+        assert!(
+            p.shape.params()
+                <= choose(600.0, &c, on(1_000_000, &fixed))
+                    .unwrap()
+                    .shape
+                    .params()
+        );
+    }
+
+    #[test]
+    fn a_plan_fills_its_time_and_sets_the_schedule() {
+        let c = speeds(&[0.01, 0.03, 0.09, 0.25]);
+        let p = choose(110.0, &c, on(1_000_000, &Overrides::default())).unwrap();
+        let mut config = TrainConfig::default_run();
+        p.apply(&mut config);
+        assert_eq!(config.max_iters, p.steps);
+        assert_eq!(config.lr_decay_iters, p.steps);
+        assert!(p.steps >= MIN_STEPS);
+        assert!(
+            p.seconds <= 110.0 && p.seconds > 110.0 - p.speed.step,
+            "{p:?}"
+        );
+        assert_eq!(config.early_stop, EARLY_STOP);
+        assert_eq!(p.steps.div_ceil(config.eval_interval), EVALUATIONS);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn flags_fix_their_fields_and_the_shapes_collapse() {
+        let fixed = Overrides {
+            n_layer: Some(3),
+            n_embd: Some(96),
+            block_size: Some(32),
+            batch_size: Some(8),
+            dropout: Some(0.05),
+            ..Default::default()
+        };
+        let config = TrainConfig::default_run();
+        let shapes = candidates(&config, &fixed, 1_000);
+        assert_eq!(shapes, vec![shape(3, 96, 3, 32, 8)]);
+        let c: Vec<Candidate> = shapes
+            .iter()
+            .map(|&shape| Candidate {
+                shape,
+                speed: Speed {
+                    step: 0.02,
+                    eval_batch: 0.005,
+                    save: 0.01,
+                    sample: 0.0,
+                },
+            })
+            .collect();
+        let p = choose(60.0, &c, on(1_000_000, &fixed)).unwrap();
+        assert_eq!((p.shape, p.dropout), (shapes[0], 0.05));
+        // A context longer than a split leaves the shape out.
+        assert!(candidates(&config, &Overrides::default(), 100).len() < LADDER.len());
+        assert!(
+            check_flags(&Overrides {
+                max_iters: Some(10),
+                ..Default::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn accumulation_counts_in_the_epochs() {
+        let c = speeds(&[0.01]);
+        let flags = Overrides::default();
+        let one = choose(60.0, &c, on(100_000, &flags)).unwrap();
+        let four = choose(
+            60.0,
+            &c,
+            Fixed {
+                accumulation: 4,
+                ..on(100_000, &flags)
+            },
+        )
+        .unwrap();
+        assert_eq!(one.steps, four.steps);
+        assert!((four.epochs - 4.0 * one.epochs).abs() < 1e-9, "{four:?}");
+    }
+
+    #[test]
+    fn fixed_intervals_count_in_the_time() {
+        let c = speeds(&[0.01]);
+        let every_10 = Overrides {
+            eval_interval: Some(10),
+            ..Default::default()
+        };
+        let free = choose(60.0, &c, on(1_000_000, &Overrides::default())).unwrap();
+        let often = choose(60.0, &c, on(1_000_000, &every_10)).unwrap();
+        assert!(often.steps < free.steps / 2, "{often:?} {free:?}");
+        assert!(often.seconds <= 60.0, "{often:?}");
+    }
+
+    #[test]
+    fn too_little_time_gets_no_plan() {
+        let c = speeds(&[0.01, 0.03]);
+        assert!(choose(2.0, &c, on(1_000_000, &Overrides::default())).is_none());
+    }
+
+    #[test]
+    fn repeats_count_less() {
+        assert_eq!(effective_tokens(5e5, 1e6), 5e5);
+        let two = effective_tokens(2e6, 1e6);
+        assert!(two < 2e6 && two > 1.9e6, "{two}");
+        let many = effective_tokens(1e9, 1e6);
+        assert!(many < 16.1e6, "{many}");
+    }
+
+    #[test]
+    fn budgets_parse_and_print() {
+        use crate::config::TimeBudget;
+        let b: TimeBudget = "10m".parse().unwrap();
+        assert_eq!(b.seconds(), Some(600.0));
+        assert_eq!(b.to_string(), "10m");
+        assert_eq!("90s".parse::<TimeBudget>().unwrap().seconds(), Some(90.0));
+        assert_eq!(
+            "1h 30m".parse::<TimeBudget>().unwrap().seconds(),
+            Some(5400.0)
+        );
+        assert_eq!("off".parse::<TimeBudget>().unwrap(), TimeBudget::OFF);
+        let e = "ten minutes".parse::<TimeBudget>().unwrap_err();
+        assert!(e.contains("10m"), "{e}");
+        assert_eq!(group(1234567), "1,234,567");
+    }
+}
