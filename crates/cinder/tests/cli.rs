@@ -4,7 +4,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use common::{corpus_in, shakespeare, tiny_flags, tiny_flags_with};
@@ -206,21 +205,8 @@ fn sigterm_saves_latest_at_the_reported_iteration() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until it has trained a few iterations and written a first latest/.
-    let started = Instant::now();
-    while !run.join("latest/meta.json").exists() {
-        assert!(child.try_wait().unwrap().is_none(), "train exited early");
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no checkpoint written"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    // Once it has trained a few iterations and written a first latest/.
+    common::terminate_once_saved(&mut child, &run);
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(

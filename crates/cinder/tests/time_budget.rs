@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use assert_cmd::Command;
 use common::corpus_in;
@@ -52,7 +52,7 @@ fn a_planned_run_writes_its_choice_and_resumes_exactly() {
     assert!(config.max_iters >= cinder::run::plan::MIN_STEPS);
     assert_eq!(config.early_stop, cinder::run::plan::EARLY_STOP);
     assert!(
-        out.contains(&format!("of the 30s budget")),
+        out.contains("of the 30s budget"),
         "the summary gives the wall time: {out}"
     );
 
@@ -69,16 +69,7 @@ fn a_planned_run_writes_its_choice_and_resumes_exactly() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    while !run.join("latest/meta.json").exists() {
-        assert!(child.try_wait().unwrap().is_none(), "train exited early");
-        assert!(started.elapsed() < Duration::from_secs(120));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    common::terminate_once_saved(&mut child, &run);
     assert!(child.wait().unwrap().success());
     let stopped_at = cinder::storage::checkpoint::load_meta(&run.join("latest"))
         .unwrap()
@@ -123,10 +114,16 @@ fn a_budget_too_small_says_the_least_that_works() {
         stderr.contains("not a duration") && stderr.contains("10m"),
         "{stderr}"
     );
+    // Refused before the folder is touched: --overwrite moves no old run aside.
+    let old = dir.path().join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::write(old.join("config.toml"), "").unwrap();
     common::fails_with(
-        timed(dir.path(), "1m", "run").args(["--max-iters", "100"]),
+        timed(dir.path(), "1m", "old").args(["--max-iters", "100", "--overwrite"]),
         &["cannot go with --max-iters"],
     );
+    assert!(old.join("config.toml").is_file());
+    assert!(!dir.path().join("old.old-1").exists());
 }
 
 /// Without injected speeds the machine is measured, and the run ends near its budget.

@@ -177,6 +177,25 @@ pub fn stalled(cmd: &mut Command, at: &str) -> Child {
     }
 }
 
+/// Waits until the `train` process `child` has written `run`'s first latest/, then sends it
+/// SIGTERM, on which it saves latest/ and exits.
+pub fn terminate_once_saved(child: &mut Child, run: &Path) {
+    let started = Instant::now();
+    while !run.join("latest/meta.json").exists() {
+        assert!(child.try_wait().unwrap().is_none(), "train exited early");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// A user error: status 1, a message starting with `error:`, no panic or backtrace.
 pub fn fails_with(cmd: &mut assert_cmd::Command, needles: &[&str]) -> String {
     let out = cmd.assert().failure().code(1).get_output().clone();
