@@ -12,6 +12,7 @@
 #
 #   scripts/time_grid.sh TEXT BUDGET [--seed N] [--rungs "1 2 3 4 5 6"] [--out FILE]
 #                                    [--only "grid time default scaled"] [--default-wall S]
+#                                    [--keep DIR]
 #
 # --default-wall: the default config's wall seconds on this machine (measured on another text),
 # for "scaled" without running "default" here.
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 text=$1 budget=$2
 shift 2
 seed=1337 rungs="1 2 3 4 5 6" out=bench_out/time_grid.tsv only="grid time default scaled"
-default_wall=""
+default_wall="" keep=""
 while [ $# -gt 0 ]; do
   case $1 in
     --seed) seed=$2; shift 2 ;;
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --default-wall) default_wall=$2; shift 2 ;;
+    --keep) keep=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -51,7 +53,7 @@ run() {
   local label=$1 dir="$work/$1" start end wall
   shift
   start=$(date +%s.%N)
-  "$train" --data "$text" --out "$dir" --seed "$seed" -q "$@" > "$dir.log" 2>&1 \
+  "$train" --data "$text" --out "$dir" --seed "$seed" "$@" > "$dir.log" 2>&1 \
     || { echo "$label failed:"; tail -5 "$dir.log"; return 0; }
   end=$(date +%s.%N)
   wall=$(echo "$end - $start" | bc)
@@ -98,4 +100,9 @@ for part in $only; do
       run scaled --max-iters "$iters" --lr-decay-iters "$iters" ;;
   esac
 done
-rm -rf "$work"
+# --keep DIR: each run's folder and log are kept under DIR/<text>-<budget>-<seed>/.
+if [ -n "$keep" ]; then
+  mkdir -p "$keep" && rm -rf "${keep:?}/$name-$budget-$seed" && mv "$work" "$keep/$name-$budget-$seed"
+else
+  rm -rf "$work"
+fi
