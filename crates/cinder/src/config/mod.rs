@@ -233,9 +233,7 @@ impl<'de> Deserialize<'de> for TimeBudget {
         }
         match Written::deserialize(d)? {
             Written::Text(text) => text.parse().map_err(serde::de::Error::custom),
-            Written::Seconds(s) => Ok(Self(
-                (s > 0).then(|| std::time::Duration::from_secs(s)),
-            )),
+            Written::Seconds(s) => Ok(Self((s > 0).then(|| std::time::Duration::from_secs(s)))),
         }
     }
 }

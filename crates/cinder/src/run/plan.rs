@@ -927,5 +927,15 @@ mod tests {
         let e = "ten minutes".parse::<TimeBudget>().unwrap_err();
         assert!(e.contains("10m"), "{e}");
         assert_eq!(group(1234567), "1,234,567");
+        // In a config file: a duration, or seconds.
+        #[derive(serde::Deserialize)]
+        struct File {
+            time_budget: TimeBudget,
+        }
+        let read = |text: &str| toml::from_str::<File>(text).map(|f| f.time_budget);
+        assert_eq!(read("time_budget = \"2m\"").unwrap().seconds(), Some(120.0));
+        assert_eq!(read("time_budget = 90").unwrap().seconds(), Some(90.0));
+        assert_eq!(read("time_budget = \"off\"").unwrap(), TimeBudget::OFF);
+        assert!(read("time_budget = \"soon\"").is_err());
     }
 }
