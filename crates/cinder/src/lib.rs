@@ -9,7 +9,9 @@
 //! - [`run`]: starting, resuming and running training, and what it reports;
 //! - [`storage`]: file names, checkpoints, Hugging Face folders;
 //! - [`sampling`]: generating text;
-//! - [`inspect`]: attention maps.
+//! - [`inspect`]: attention maps;
+//! - [`faults`]: test-only hooks (a stall, a full disk, injected speeds), compiled in only with
+//!   the `fault-injection` feature.
 //!
 //! The binaries in `src/bin` only parse arguments and report.
 
@@ -17,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod faults;
 pub mod inspect;
 pub mod run;
 pub mod sampling;

@@ -1,5 +1,5 @@
 //! Crashes, a full disk and a busy run folder, through the `train` binary: `kill -9` at chosen
-//! moments (held there by the test-only `CINDER_TEST_STALL`, see `cinder::storage::faults`), and
+//! moments (held there by the test-only `CINDER_TEST_STALL`, see `cinder::faults`), and
 //! checkpoint writes that fail with ENOSPC (`CINDER_TEST_WRITE_BUDGET`). Each time the run
 //! folder stays loadable, and a resumed run ends with exactly the weights of a run never
 //! interrupted. A trainer held mid-step keeps other trainers out of its folder, not readers.

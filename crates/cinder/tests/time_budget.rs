@@ -1,9 +1,12 @@
 //! `train --time`: a run planned for a time budget, end to end on a small text.
+//!
+//! The tests that give `train` the speeds it would measure (`CINDER_TEST_SPEEDS`, so that the
+//! plan is the same on any machine) need the feature `fault-injection`, which no release binary
+//! has: `cargo test --release --features cinder/fault-injection --test time_budget`.
 
 mod common;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Instant;
 
 use assert_cmd::Command;
@@ -11,23 +14,37 @@ use common::corpus_in;
 
 /// Speeds for the ladder's shapes as measuring would report them on a slow machine, and the
 /// seconds spent before planning: with them a plan is the same on any machine.
+#[cfg(feature = "fault-injection")]
 const SPEEDS: &str = r#"{"spent": 0.5, "speeds": [
     {"step": 0.05, "eval_batch": 0.01, "save": 0.01},
     {"step": 0.15, "eval_batch": 0.03, "save": 0.02},
     {"step": 0.45, "eval_batch": 0.09, "save": 0.04}
 ]}"#;
 
-fn timed(dir: &Path, budget: &str, out: &str) -> Command {
+/// `train` on a small text in `dir`, the machine measured.
+fn train_in(dir: &Path) -> Command {
     let mut cmd = Command::cargo_bin("train").unwrap();
-    cmd.current_dir(dir)
-        .env("CINDER_TEST_SPEEDS", SPEEDS)
-        .arg("--data")
-        .arg(corpus_in(dir))
-        .args(["--time", budget, "--log-interval", "1", "--out", out]);
+    cmd.current_dir(dir).arg("--data").arg(corpus_in(dir));
+    cmd
+}
+
+/// `train --time budget` with the speeds of [`SPEEDS`].
+#[cfg(feature = "fault-injection")]
+fn timed(dir: &Path, budget: &str, out: &str) -> Command {
+    let mut cmd = train_in(dir);
+    cmd.env("CINDER_TEST_SPEEDS", SPEEDS).args([
+        "--time",
+        budget,
+        "--log-interval",
+        "1",
+        "--out",
+        out,
+    ]);
     cmd
 }
 
 /// The losses of metrics.csv (the timing columns left out).
+#[cfg(feature = "fault-injection")]
 fn losses(run: &Path) -> Vec<String> {
     std::fs::read_to_string(run.join("metrics.csv"))
         .unwrap()
@@ -36,6 +53,7 @@ fn losses(run: &Path) -> Vec<String> {
         .collect()
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_planned_run_writes_its_choice_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,8 +83,8 @@ fn a_planned_run_writes_its_choice_and_resumes_exactly() {
         .arg(corpus_in(dir.path()))
         .args(["--time", "30s", "--log-interval", "1", "--out"])
         .arg(&run)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     common::terminate_once_saved(&mut child, &run);
@@ -91,6 +109,7 @@ fn a_planned_run_writes_its_choice_and_resumes_exactly() {
     assert!(run.join("best/meta.json").is_file());
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_budget_too_small_says_the_least_that_works() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,8 +122,29 @@ fn a_budget_too_small_says_the_least_that_works() {
             "The least that works here is about --time 20s",
         ],
     );
+    assert!(!dir.path().join("run/latest").exists());
+}
+
+/// Measured for real: one second leaves nothing once the reserve is kept, on any machine.
+#[test]
+fn a_budget_too_small_for_this_machine_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    common::fails_with(
+        train_in(dir.path()).args(["--time", "1s", "--out", "run"]),
+        &[
+            "a time budget of 1s is too small",
+            "The least that works here is about --time ",
+        ],
+    );
+    assert!(!dir.path().join("run/latest").exists());
+}
+
+#[test]
+fn flags_that_contradict_a_budget_are_refused_before_the_folder_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
     // A malformed duration is clap's usage error (status 2), with the forms that work.
-    let out = timed(dir.path(), "ten minutes", "run")
+    let out = train_in(dir.path())
+        .args(["--time", "ten minutes", "--out", "run"])
         .assert()
         .code(2)
         .get_output()
@@ -119,7 +159,15 @@ fn a_budget_too_small_says_the_least_that_works() {
     std::fs::create_dir(&old).unwrap();
     std::fs::write(old.join("config.toml"), "").unwrap();
     common::fails_with(
-        timed(dir.path(), "1m", "old").args(["--max-iters", "100", "--overwrite"]),
+        train_in(dir.path()).args([
+            "--time",
+            "1m",
+            "--out",
+            "old",
+            "--max-iters",
+            "100",
+            "--overwrite",
+        ]),
         &["cannot go with --max-iters"],
     );
     assert!(old.join("config.toml").is_file());
@@ -132,11 +180,7 @@ fn a_measured_run_ends_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let out = common::stdout_of(
-        Command::cargo_bin("train")
-            .unwrap()
-            .current_dir(dir.path())
-            .arg("--data")
-            .arg(corpus_in(dir.path()))
+        train_in(dir.path())
             // Small steps, so that the smallest shape's 300 fit in 15 s on a slow, busy machine.
             .args(["--time", "15s", "--batch-size", "4", "--block-size", "32"])
             .args(["--out", "run"]),

@@ -233,7 +233,7 @@ pub enum PlanError {
     FineTuning,
     #[error("no shape of the ladder fits this text: {0}")]
     NoShape(String),
-    #[error("CINDER_TEST_SPEEDS (for tests) is not {{\"spent\": s, \"speeds\": [...]}}: {0}")]
+    #[error("the speeds injected for a test are not {{\"spent\": s, \"speeds\": [...]}}: {0}")]
     Injected(String),
     #[error(transparent)]
     Train(#[from] TrainError),
@@ -716,10 +716,11 @@ struct Injected {
     speeds: Vec<Speed>,
 }
 
-/// The speeds and time spent that `CINDER_TEST_SPEEDS` gives (tests only): measuring is
-/// skipped and the clock ignored, so that a plan is the same on any machine.
+/// The speeds and time spent that `CINDER_TEST_SPEEDS` gives (tests only, with the feature
+/// `fault-injection`: [`crate::faults`]): measuring is skipped and the clock ignored, so that a
+/// plan is the same on any machine.
 fn test_speeds() -> Result<Option<Injected>, PlanError> {
-    let Ok(text) = std::env::var("CINDER_TEST_SPEEDS") else {
+    let Some(text) = crate::faults::injected_speeds() else {
         return Ok(None);
     };
     serde_json::from_str(&text)

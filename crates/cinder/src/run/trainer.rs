@@ -12,6 +12,7 @@ use cinder_model::{DropoutKey, Gpt, Ops};
 use crate::config::TrainConfig;
 use crate::data::{TrainingData, batch_tensors};
 use crate::device::Backend;
+use crate::faults;
 use crate::run::eval;
 use crate::run::optim::Optim;
 use crate::run::pool::in_pool;
@@ -19,7 +20,6 @@ use crate::run::report::{EvalReport, Observer, Phases, StepReport};
 use crate::run::schedule::learning_rate;
 use crate::sampling;
 use crate::storage::checkpoint::{self, CheckpointError, Meta, ValTrend};
-use crate::storage::faults;
 use crate::storage::names::{BEST, LATEST};
 
 /// Why training stopped early.

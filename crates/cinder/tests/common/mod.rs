@@ -143,7 +143,7 @@ pub fn weights(model: &impl Module) -> Vec<Vec<f32>> {
 }
 
 /// Starts `cmd` (a cinder binary) with the test-only `CINDER_TEST_STALL=<at>` (see
-/// `cinder::storage::faults`) and returns it once it has stalled there, holding whatever it holds.
+/// `cinder::faults`) and returns it once it has stalled there, holding whatever it holds.
 pub fn stalled(cmd: &mut Command, at: &str) -> Child {
     let mut child = cmd
         .env("CINDER_TEST_STALL", at)

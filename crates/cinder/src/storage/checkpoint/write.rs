@@ -11,7 +11,7 @@ use cinder_data::Tokenizer;
 use cinder_data::tokenizer::TOKENIZER_JSON;
 use cinder_model::Gpt;
 
-use crate::storage::faults;
+use crate::faults;
 use crate::storage::names::{self, META, MODEL, OPTIMIZER};
 
 use super::*;

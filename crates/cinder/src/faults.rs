@@ -1,6 +1,7 @@
-//! Test-only fault injection, driven by environment variables, so that the crash and disk-full
-//! tests (`tests/soak.rs`) hit the moments they aim at every time. Compiled in only with the
-//! `fault-injection` feature (the tests that need it declare it); without it both hooks do
+//! Test-only hooks, driven by environment variables, so that the crash and disk-full tests
+//! (`tests/soak.rs`) hit the moments they aim at every time, and `--time`'s planned runs
+//! (`tests/time_budget.rs`) choose the same plan on any machine. Compiled in only with the
+//! `fault-injection` feature (the tests that need it declare it); without it the hooks do
 //! nothing, and no binary reads these variables.
 //!
 //! - `CINDER_TEST_STALL=<point>:<n>`: the `n`-th time the program reaches `point` (1 for the
@@ -10,6 +11,8 @@
 //!   `checkpoint-installed`; see [`crate::storage::checkpoint`]).
 //! - `CINDER_TEST_WRITE_BUDGET=<bytes>`: checkpoint files may write this many bytes in all; the
 //!   write that goes past it fails with "No space left on device" (ENOSPC), as on a full disk.
+//! - `CINDER_TEST_SPEEDS=<json>`: `--time` takes these speeds instead of measuring the machine,
+//!   so that its plan is the same on any machine (see [`crate::run::plan`]).
 
 #[cfg(feature = "fault-injection")]
 pub use hooks::*;
@@ -26,6 +29,12 @@ mod off {
     pub fn take_write_budget(bytes: usize) -> Result<usize, (usize, std::io::Error)> {
         Ok(bytes)
     }
+
+    /// The machine is measured.
+    #[inline(always)]
+    pub fn injected_speeds() -> Option<String> {
+        None
+    }
 }
 #[cfg(not(feature = "fault-injection"))]
 pub use off::*;
@@ -38,6 +47,12 @@ mod hooks {
 
     const STALL: &str = "CINDER_TEST_STALL";
     const WRITE_BUDGET: &str = "CINDER_TEST_WRITE_BUDGET";
+    const SPEEDS: &str = "CINDER_TEST_SPEEDS";
+
+    /// The speeds `--time` takes instead of measuring, as `CINDER_TEST_SPEEDS` gives them.
+    pub fn injected_speeds() -> Option<String> {
+        std::env::var(SPEEDS).ok()
+    }
 
     /// ENOSPC on Linux and macOS.
     const NO_SPACE: i32 = 28;
