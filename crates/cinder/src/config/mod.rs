@@ -154,6 +154,7 @@ cinder_model::model_fields!(run_config! { run {
     optimizer: OptimizerKind = OptimizerKind::Adamw, "adamw, or muon (Muon on the blocks' matrices, AdamW on the rest)";
     muon_lr: f64 = 0.02, "Muon's peak learning rate";
     muon_momentum: f64 = 0.95, "Muon's momentum";
+    muon_beta2: f64 = 0.0, "NorMuon: each of Muon's updates divided, neuron by neuron, by the root of a running mean of its squares with this decay, the matrix's norm kept (the speedrun's 0.9); 0: plain Muon";
     embedding_lr: f64 = 0.01, "With muon: the embeddings' (and a tied head's) peak learning rate";
     head_lr: f64 = 0.004, "With muon and an untied head: the head's peak learning rate";
     // Evaluation, logging, checkpoints.

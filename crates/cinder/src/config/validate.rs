@@ -131,6 +131,12 @@ impl TrainConfig {
             c.muon_momentum.to_string(),
             "in [0, 1)",
         )?;
+        check(
+            (0.0..1.0).contains(&c.muon_beta2),
+            "muon_beta2",
+            c.muon_beta2.to_string(),
+            "in [0, 1) (0: plain Muon)",
+        )?;
         let is_bpe = matches!(c.tokenizer_kind(), super::TokenizerKind::Bpe(_));
         check(
             c.vocab_size == 0 || (is_bpe && c.vocab_size >= 257) || c.tokenizer_is_file(),

@@ -63,6 +63,7 @@ impl Optim {
                     lr_scale: c.muon_lr / c.learning_rate,
                     widths,
                     grad_scale: grad_scale.clone(),
+                    beta2: c.muon_beta2 as f32,
                 };
                 let (qkv, matrices) = muon_params(model);
                 // Attention's q/k/v weight is three matrices side by side.

@@ -4,6 +4,10 @@
 //! matrix's shape, after decoupled weight decay. The orthogonalisation is all matrix products:
 //! fused on Flex (the kernels' matmul), Burn's tensor operations elsewhere.
 //!
+//! With `beta2 > 0` it is NorMuon (Li et al. 2025, arXiv 2510.05491, as the modded-nanogpt
+//! speedrun's `train_gpt.py` writes it): each orthogonalised matrix's neurons normalised by a
+//! running mean of their squared updates, the matrix's norm kept ([`normalised`]).
+//!
 //! Burn's own `burn::optim::Muon` is not used: it scales by `[in, out]`'s `in / out` (Burn
 //! stores a linear layer's weight `[in, out]`, PyTorch `[out, in]`, so the MLP's up- and
 //! down-projections would swap their factors), and it cannot treat attention's fused q/k/v
@@ -38,23 +42,34 @@ pub struct TensorMuon {
     /// The factor the gradients of the current step are multiplied by, as f32 bits (global
     /// clipping, shared with the run's other parameter groups).
     pub grad_scale: Arc<AtomicU32>,
+    /// NorMuon's β₂, the decay of the running mean of each neuron's squared update; 0: Muon.
+    pub beta2: f32,
 }
 
-/// Muon's state for one matrix: the momentum buffer, shaped as the weight.
+/// Muon's state for one matrix: the momentum buffer, shaped as the weight, and with NorMuon the
+/// running mean of each neuron's squared update ([`normalised`]'s layout).
 #[derive(Clone)]
 pub struct MuonState<const D: usize> {
     pub momentum: Tensor<D>,
+    pub second: Option<Tensor<1>>,
 }
 
 impl<const D: usize> RecordState for MuonState<D> {
     fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
         out.push_tensor(prefix, "momentum", self.momentum.to_data());
+        if let Some(second) = &self.second {
+            out.push_tensor(prefix, "second", second.to_data());
+        }
     }
 
     fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
         let data = src.take_tensor(prefix, "momentum")?;
+        let second = src
+            .take_tensor(prefix, "second")
+            .map(|d| Tensor::from_data(d, device));
         Some(Self {
             momentum: Tensor::from_data(data, device),
+            second,
         })
     }
 }
@@ -75,28 +90,98 @@ impl Optimizer for TensorMuon {
         let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
         let grad = if scale == 1.0 { grad } else { grad * scale };
         let beta = self.momentum;
+        let (momentum, second) = match state {
+            Some(s) => (Some(s.momentum), s.second),
+            None => (None, None),
+        };
         // buf = β·buf + (1-β)·g; u = g + β·(buf - g) (Nesterov).
-        let momentum = match state {
-            Some(s) => s.momentum * beta + grad.clone() * (1.0 - beta),
+        let momentum = match momentum {
+            Some(m) => m * beta + grad.clone() * (1.0 - beta),
             None => grad.clone() * (1.0 - beta),
         };
         let u = grad.clone() + (momentum.clone() - grad) * beta;
         let lr = lr * self.lr_scale;
         let shape = tensor.shape();
-        let update = orthogonalised(u.reshape([shape[0], shape[1]]), &self.widths).reshape(shape);
+        let update = orthogonalised(u.reshape([shape[0], shape[1]]), &self.widths);
+        let (update, second) = if self.beta2 > 0.0 {
+            let (update, second) = normalised(update, &self.widths, second, self.beta2);
+            (update, Some(second))
+        } else {
+            (update, None)
+        };
         let decayed = if self.weight_decay > 0.0 {
             tensor * (1.0 - lr * self.weight_decay as f64)
         } else {
             tensor
         };
-        (decayed - update * lr, Some(MuonState { momentum }))
+        let state = MuonState { momentum, second };
+        (decayed - update.reshape(shape) * lr, Some(state))
     }
 
     fn to_device<const D: usize>(state: MuonState<D>, device: &Device) -> MuonState<D> {
         MuonState {
             momentum: state.momentum.to_device(device),
+            second: state.second.map(|s| s.to_device(device)),
         }
     }
+}
+
+/// Below this a neuron's mean squared update, or a matrix's norm, is not divided by.
+const NORMUON_FLOOR: f32 = 1e-10;
+
+/// NorMuon's step after the orthogonalisation: each matrix of `update` (of `widths` columns side
+/// by side; none: one) has its neurons' mean squared updates folded into `second`
+/// (`second ← β₂·second + (1-β₂)·mean`, zero at first), each neuron divided by the square root
+/// of its running mean, and the matrix scaled back to its norm before. A neuron is a row of
+/// PyTorch's `[out, in]` weight (a column here) when it has at least as many outputs as inputs,
+/// else a column (a row here): the mean runs along the shorter side, as the speedrun's does.
+///
+/// # Shapes
+/// - update: `[in, out]`, `out` the sum of `widths`; output: the same
+/// - second: the matrices' running means one after another, `[1, width]` or `[in, 1]` each,
+///   flattened (none: zero)
+pub fn normalised(
+    update: Tensor<2>,
+    widths: &[usize],
+    second: Option<Tensor<1>>,
+    beta2: f32,
+) -> (Tensor<2>, Tensor<1>) {
+    let [fan_in, out] = update.dims();
+    let whole = [out];
+    let widths = if widths.is_empty() {
+        &whole[..]
+    } else {
+        widths
+    };
+    let (mut first, mut at) = (0, 0);
+    let mut parts = Vec::with_capacity(widths.len());
+    let mut means = Vec::with_capacity(widths.len());
+    for &fan_out in widths {
+        let part = update.clone().narrow(1, first, fan_out);
+        let squares = part.clone().square();
+        let mean = if fan_out >= fan_in {
+            squares.mean_dim(0) // [1, fan_out]
+        } else {
+            squares.mean_dim(1) // [fan_in, 1]
+        };
+        let shape = mean.shape();
+        let n = shape.num_elements();
+        let mean = match &second {
+            Some(s) => {
+                let before = s.clone().narrow(0, at, n).reshape(shape);
+                before.clone() * beta2 + mean * (1.0 - beta2)
+            }
+            None => mean * (1.0 - beta2),
+        };
+        let v = part.clone() / mean.clone().clamp_min(NORMUON_FLOOR).sqrt();
+        let norm = |t: Tensor<2>| t.square().sum().sqrt();
+        let scale = norm(part) / norm(v.clone()).clamp_min(NORMUON_FLOOR);
+        parts.push(v * scale.unsqueeze::<2>());
+        means.push(mean.reshape([n]));
+        first += fan_out;
+        at += n;
+    }
+    (Tensor::cat(parts, 1), Tensor::cat(means, 0))
 }
 
 /// Each matrix of `u` (of `widths` columns side by side; none: one) replaced by its nearest
@@ -305,6 +390,7 @@ mod tests {
             lr_scale,
             widths: vec![4, 4, 4],
             grad_scale: Arc::new(AtomicU32::new(0.5f32.to_bits())),
+            beta2: 0.0,
         };
         let (c, out) = (4, 12);
         let mut p = random(c, out, 10);
@@ -332,5 +418,103 @@ mod tests {
             let d = max_diff(&values(tensor_p.clone()), &p.v);
             assert!(d < 1e-5, "step {step}: weights differ by {d}");
         }
+    }
+
+    /// NorMuon's normalisation of an update in Burn's `[in, out]` layout, by loops: per matrix
+    /// of `widths` columns, the running mean of each neuron's squares (per column when the
+    /// matrix has at least as many columns as rows, else per row), each entry divided by its
+    /// neuron's root, the matrix's norm restored. `second` holds the running means in order.
+    fn reference_normuon(u: &M, widths: &[usize], second: &mut Vec<f64>, beta2: f64) -> M {
+        let mut out = u.clone();
+        let (mut first, mut at) = (0, 0);
+        for &w in widths {
+            let by_column = w >= u.rows;
+            let n = if by_column { w } else { u.rows };
+            if second.len() < at + n {
+                second.resize(at + n, 0.0);
+            }
+            for k in 0..n {
+                let cells: Vec<f64> = if by_column {
+                    (0..u.rows).map(|i| u.at(i, first + k)).collect()
+                } else {
+                    (first..first + w).map(|j| u.at(k, j)).collect()
+                };
+                let mean = cells.iter().map(|x| x * x).sum::<f64>() / cells.len() as f64;
+                second[at + k] = beta2 * second[at + k] + (1.0 - beta2) * mean;
+            }
+            let root = |i: usize, j: usize| {
+                let k = if by_column { j - first } else { i };
+                second[at + k].max(1e-10).sqrt()
+            };
+            let (mut before, mut after) = (0.0, 0.0);
+            for i in 0..u.rows {
+                for j in first..first + w {
+                    let v = u.at(i, j) / root(i, j);
+                    before += u.at(i, j) * u.at(i, j);
+                    after += v * v;
+                    out.v[i * u.cols + j] = v;
+                }
+            }
+            let scale = before.sqrt() / after.sqrt().max(1e-10);
+            for i in 0..u.rows {
+                for j in first..first + w {
+                    out.v[i * u.cols + j] *= scale;
+                }
+            }
+            first += w;
+            at += n;
+        }
+        out
+    }
+
+    #[test]
+    fn a_normuon_step_normalises_each_neuron_by_its_running_mean() {
+        let (beta, beta2, wd, lr) = (0.9f64, 0.9f64, 0.1f64, 0.02f64);
+        // Grouped-query attention's q/k/v: a square query matrix (a mean per column) and key
+        // and value matrices narrower than tall (a mean per row).
+        let (c, widths) = (8, vec![8, 4, 4]);
+        let out: usize = widths.iter().sum();
+        let muon = TensorMuon {
+            momentum: beta as f32,
+            weight_decay: wd as f32,
+            lr_scale: 1.0,
+            widths: widths.clone(),
+            grad_scale: Arc::new(AtomicU32::new(1.0f32.to_bits())),
+            beta2: beta2 as f32,
+        };
+        let mut p = random(c, out, 11);
+        let mut tensor_p = tensor(&p);
+        let mut state = None;
+        let mut buf = M {
+            v: vec![0.0; c * out],
+            ..p.clone()
+        };
+        let mut second = Vec::new();
+        for step in 0..3 {
+            let g = random(c, out, 30 + step);
+            let (next, s) = muon.step(lr, tensor_p, tensor(&g), state);
+            (tensor_p, state) = (next, s);
+            buf = buf.lin(beta, &g, 1.0 - beta);
+            let u = g.lin(1.0 - beta, &buf, beta);
+            let update = reference_update(&u.t(), &widths).t();
+            let update = reference_normuon(&update, &widths, &mut second, beta2);
+            p = p.lin(1.0 - lr * wd, &update, -lr);
+            let d = max_diff(&values(tensor_p.clone()), &p.v);
+            assert!(d < 1e-5, "step {step}: weights differ by {d}");
+        }
+        // The state keeps the running means, one per neuron: 8 columns, then 8 rows twice.
+        let kept = state
+            .unwrap()
+            .second
+            .expect("NorMuon keeps its running means");
+        let kept: Vec<f64> = kept
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        assert_eq!(kept.len(), 8 + 8 + 8);
+        assert!(max_diff(&kept, &second) < 1e-6);
     }
 }
