@@ -5,10 +5,13 @@
 #   - cinder, configs/tiny_cpu.toml (the default run: RoPE, RMSNorm, QK-norm, ReLU², Muon, ...)
 #   - cinder, configs/nanogpt_cpu.toml (nanoGPT's recipe, the default run before)
 #   - the PyTorch reference of nanoGPT's model and recipe (../shared/bench/torch_reference.py)
-#   - nanoGPT's own train.py with its CPU recipe (README: 4x4x128, context 64, batch 12, 2,000
-#     iterations, nine evaluations of 2 x 200 batches), when a nanoGPT checkout is given
+#   - nanoGPT's own train.py with its README's CPU command (4x4x128, context 64, batch 12, 2,000
+#     iterations, nine evaluations of 2 x 20 batches: --eval_iters=20, --log_interval=1), when a
+#     nanoGPT checkout is given
+#   - with --cinder "LABEL|FLAGS" (repeatable): the default run with those flags as well
 #
-#   scripts/compare_train.sh [--seed N] [--nanogpt path/to/nanoGPT] [--reference path/to/torch_reference.py]
+#   scripts/compare_train.sh [--seed N] [--nanogpt path/to/nanoGPT] [--python PYTHON]
+#       [--reference path/to/torch_reference.py] [--only-default] [--cinder "LABEL|FLAGS"]...
 #
 # Needs: cargo build --release; pip install torch numpy. For nanoGPT: a checkout of
 # karpathy/nanoGPT; the script copies data/tinyshakespeare.txt to its
@@ -18,11 +21,17 @@ cd "$(dirname "$0")/.."
 seed=1337
 nanogpt=""
 ref=../shared/bench/torch_reference.py
+python=python3
+recipes="tiny_cpu nanogpt_cpu"
+variants=()
 while [ $# -gt 0 ]; do
   case $1 in
     --seed) seed=$2; shift 2 ;;
     --nanogpt) nanogpt=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
     --reference) ref=$2; shift 2 ;;
+    --only-default) recipes=tiny_cpu; ref=""; shift ;;
+    --cinder) variants+=("$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +50,7 @@ timed() {
 # The last validation loss of a cinder run folder's metrics.csv.
 last_val() { awk -F, 'NR > 1 && $3 != "" { v = $3 } END { print v }' "$1/metrics.csv"; }
 
-for recipe in tiny_cpu nanogpt_cpu; do
+for recipe in $recipes; do
   out=checkpoints/compare_$recipe
   log=$(mktemp)
   wall=$(timed ./target/release/train --config configs/$recipe.toml --out "$out" --overwrite \
@@ -49,9 +58,19 @@ for recipe in tiny_cpu nanogpt_cpu; do
   rows+=("cinder configs/$recipe.toml|$wall|$(last_val "$out")")
 done
 
-if [ -f "$ref" ]; then
+for variant in "${variants[@]}"; do
+  IFS='|' read -r label flags <<< "$variant"
+  out=checkpoints/compare_variant
   log=$(mktemp)
-  wall=$(timed python3 "$ref" --text data/tinyshakespeare.txt --threads "$threads" \
+  # shellcheck disable=SC2086 # the flags are words
+  wall=$(timed ./target/release/train --config configs/tiny_cpu.toml --out "$out" --overwrite \
+    --seed "$seed" --quiet $flags)
+  rows+=("cinder $label|$wall|$(last_val "$out")")
+done
+
+if [ -n "$ref" ] && [ -f "$ref" ]; then
+  log=$(mktemp)
+  wall=$(timed "$python" "$ref" --text data/tinyshakespeare.txt --threads "$threads" \
     --seed "$seed" train --iters 2000)
   val=$(grep -o '"val[_a-z]*": *[0-9.]*' "$log" | tail -1 | grep -o '[0-9.]*$' || true)
   rows+=("PyTorch reference (nanoGPT's recipe)|$wall|${val:-see $log}")
@@ -60,14 +79,15 @@ fi
 if [ -n "$nanogpt" ]; then
   data="$nanogpt/data/shakespeare_char"
   cp data/tinyshakespeare.txt "$data/input.txt"
-  (cd "$data" && python3 prepare.py > /dev/null)
+  (cd "$data" && "$python" prepare.py > /dev/null)
   log=$(mktemp)
-  wall=$(cd "$nanogpt" && timed python3 train.py config/train_shakespeare_char.py --device=cpu \
-    --compile=False --log_interval=100 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 \
-    --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 \
+  # Its README's command, with the run written outside the checkout.
+  wall=$(cd "$nanogpt" && timed "$python" train.py config/train_shakespeare_char.py --device=cpu \
+    --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 \
+    --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 \
     --out_dir=/tmp/compare-nanogpt) # (train.py's seed is its own: 1337)
   val=$(grep -o 'step 2000: .*val loss [0-9.]*' "$log" | grep -o '[0-9.]*$' || true)
-  rows+=("nanoGPT train.py (its CPU recipe)|$wall|${val:-see $log}")
+  rows+=("nanoGPT train.py (its README's CPU command)|$wall|${val:-see $log}")
 fi
 
 echo

@@ -216,14 +216,20 @@ fn a_fused_run_follows_the_composite_run_at_dropout_0() {
 fn results_do_not_depend_on_the_number_of_threads() {
     let _serial = serial();
     // Dropout included: its masks must not depend on the threads either. Muon's matrix
-    // products too.
-    for optimizer in [OptimizerKind::Adamw, OptimizerKind::Muon] {
+    // products too, and NorMuon's sums.
+    let optimizers = [
+        (OptimizerKind::Adamw, 0.0),
+        (OptimizerKind::Muon, 0.0),
+        (OptimizerKind::Muon, 0.9),
+    ];
+    for (optimizer, muon_beta2) in optimizers {
         let config = TrainConfig {
             max_iters: 6,
             dropout: 0.1,
             gradient_accumulation_steps: 2,
             eval_interval: 3,
             optimizer,
+            muon_beta2,
             ..tiny_config()
         };
         let on = |threads: usize| {

@@ -106,6 +106,20 @@ fn resume_is_bit_identical_with_muon_and_the_trapezoid() {
     );
 }
 
+#[test]
+fn resume_is_bit_identical_with_normuon() {
+    // NorMuon's running means are optimizer state: a resume that lost them would differ.
+    check_exact_resume(
+        TrainConfig {
+            optimizer: OptimizerKind::Muon,
+            muon_beta2: 0.9,
+            lr_schedule: LrSchedule::Trapezoid,
+            ..tiny_config()
+        },
+        Ops::Fused,
+    );
+}
+
 /// 16 iterations straight, and 8 then 8 more resumed from the checkpoint, give the same losses
 /// bit for bit and the same weights, with the layers of `ops`.
 fn check_exact_resume(config: TrainConfig, ops: Ops) {

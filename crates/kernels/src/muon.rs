@@ -1,6 +1,7 @@
 //! Muon's orthogonalisation of an update (Keller Jordan's Muon): each matrix replaced by the
 //! quintic Newton-Schulz iteration's approximation of `UVᵀ` (for `USVᵀ` its SVD), scaled by its
-//! shape. The optimizer's momentum and the update around it are the model crate's.
+//! shape; and NorMuon's normalisation of that update, neuron by neuron ([`normalise`]). The
+//! optimizer's momentum and the update around them are the model crate's.
 
 use rayon::prelude::*;
 
@@ -104,6 +105,78 @@ pub fn newton_schulz(x: &mut [f32], m: usize, n: usize) {
         }
         product(&mut next, Mat::new(&poly, m, m), Mat::new(x, m, n), true);
         x.copy_from_slice(&next);
+    }
+}
+
+/// Below this a neuron's running mean of squares, or a matrix's norm, is not divided by.
+pub const NORMUON_FLOOR: f32 = 1e-10;
+
+/// The number of NorMuon's running means for `u` of `rows` rows read as matrices of `widths`
+/// columns (see [`normalise`]): a matrix's columns when it has at least as many as rows, else
+/// its rows.
+pub fn neurons(rows: usize, widths: &[usize]) -> usize {
+    widths
+        .iter()
+        .map(|&w| if w >= rows { w } else { rows })
+        .sum()
+}
+
+/// NorMuon (arXiv 2510.05491, as the modded-nanogpt speedrun writes it), in place: for each
+/// matrix of `u` (`widths` columns side by side), each neuron's mean squared entry is folded into
+/// its running mean (`second ← β₂·second + (1-β₂)·mean`), the neuron's entries divided by the
+/// root of that mean (at least [`NORMUON_FLOOR`]), and the matrix scaled back to its norm before.
+/// A neuron is a column when the matrix has at least as many columns as rows (Burn's `[in, out]`:
+/// an output of PyTorch's `[out, in]` with no fewer outputs than inputs), else a row: the mean
+/// runs along the shorter side. Sums in f64, in a fixed order: the same on any thread count.
+///
+/// # Shapes
+/// - u: `[rows, cols]`, row-major, `cols` the sum of `widths`
+/// - second: `[neurons(rows, widths)]`, the matrices' running means one after another
+pub fn normalise(u: &mut [f32], rows: usize, widths: &[usize], second: &mut [f32], beta2: f32) {
+    let cols: usize = widths.iter().sum();
+    assert_eq!(u.len(), rows * cols, "update does not match its shape");
+    assert_eq!(
+        second.len(),
+        neurons(rows, widths),
+        "one running mean per neuron"
+    );
+    let (mut first, mut at) = (0, 0);
+    for &width in widths {
+        let by_column = width >= rows;
+        let (n, per) = if by_column {
+            (width, rows)
+        } else {
+            (rows, width)
+        };
+        let neuron = |i: usize, j: usize| if by_column { j } else { i };
+        let cells = |i: usize| i * cols + first..i * cols + first + width;
+        let mut sums = vec![0.0f64; n];
+        let mut before = 0.0f64;
+        for i in 0..rows {
+            for (j, &v) in u[cells(i)].iter().enumerate() {
+                let sq = f64::from(v) * f64::from(v);
+                sums[neuron(i, j)] += sq;
+                before += sq;
+            }
+        }
+        let means = &mut second[at..at + n];
+        for (m, sum) in means.iter_mut().zip(&sums) {
+            *m = beta2 * *m + (1.0 - beta2) * (sum / per as f64) as f32;
+        }
+        let roots: Vec<f32> = means.iter().map(|&m| m.max(NORMUON_FLOOR).sqrt()).collect();
+        let mut after = 0.0f64;
+        for i in 0..rows {
+            for (j, v) in u[cells(i)].iter_mut().enumerate() {
+                *v /= roots[neuron(i, j)];
+                after += f64::from(*v) * f64::from(*v);
+            }
+        }
+        let scale = (before.sqrt() / after.sqrt().max(f64::from(NORMUON_FLOOR))) as f32;
+        for i in 0..rows {
+            u[cells(i)].iter_mut().for_each(|v| *v *= scale);
+        }
+        first += width;
+        at += n;
     }
 }
 

@@ -38,22 +38,35 @@ fn shipped_configs_parse_and_validate() {
         (Position::Learned, OptimizerKind::Adamw),
         "shakespeare_char.toml stays nanoGPT's GPU recipe"
     );
+    let muon = TrainConfig::load(&dir.join("muon_cpu.toml")).unwrap();
+    assert_eq!(
+        muon,
+        TrainConfig {
+            max_iters: 880,
+            lr_decay_iters: 880,
+            muon_beta2: 0.0,
+            eval_interval: 440,
+            checkpoint_interval: 220,
+            ..tiny.clone()
+        },
+        "muon_cpu.toml is the default run before NorMuon"
+    );
     let bpe = TrainConfig::load(&dir.join("shakespeare_bpe.toml")).unwrap();
     assert_eq!(
         bpe,
         TrainConfig {
             tokenizer: "bpe".into(),
             vocab_size: 2048,
-            ..tiny.clone()
+            ..muon.clone()
         },
-        "shakespeare_bpe.toml is tiny_cpu with a BPE"
+        "shakespeare_bpe.toml is muon_cpu with a BPE"
     );
     let long = TrainConfig::load(&dir.join("shakespeare_10min.toml")).unwrap();
     assert_eq!(
         (long.position, long.optimizer),
         (tiny.position, tiny.optimizer)
     );
-    for c in [&nanogpt, &tiny, &gpu, &bpe, &long] {
+    for c in [&nanogpt, &tiny, &muon, &gpu, &bpe, &long] {
         c.validate().unwrap();
     }
     let finetune = TrainConfig::load(&dir.join("finetune_shakespeare.toml")).unwrap();

@@ -97,7 +97,7 @@ pub const MEASURE_SHARE: f64 = 0.05;
 /// Kept back for what follows the last step (the summary, the loss plot): this share of the
 /// budget and a second.
 pub const RESERVE: (f64, f64) = (0.02, 1.0);
-/// Warm-up steps, as a share of the steps (the default run's 100 of 880).
+/// Warm-up steps, as a share of the steps (the default run's 100 of 880 when the rule was fitted).
 pub const WARMUP_SHARE: f64 = 100.0 / 880.0;
 
 impl Shape {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
 
-use cinder_kernels::muon::{COEFFICIENTS, EPSILON, STEPS};
+use cinder_kernels::muon::{self, COEFFICIENTS, EPSILON, STEPS};
 
 #[cfg(feature = "flex")]
 use super::fused;
@@ -126,10 +126,38 @@ impl Optimizer for TensorMuon {
     }
 }
 
-/// Below this a neuron's mean squared update, or a matrix's norm, is not divided by.
-const NORMUON_FLOOR: f32 = 1e-10;
+/// NorMuon's step after the orthogonalisation ([`cinder_kernels::muon::normalise`], whose
+/// reference [`composite_normalised`] is): one fused pass on Flex, Burn's tensor operations
+/// elsewhere.
+///
+/// # Shapes
+/// - update: `[in, out]`, `out` the sum of `widths`; output: the same
+/// - second: `[neurons(in, widths)]` (none: zero)
+pub fn normalised(
+    update: Tensor<2>,
+    widths: &[usize],
+    second: Option<Tensor<1>>,
+    beta2: f32,
+) -> (Tensor<2>, Tensor<1>) {
+    let [fan_in, out] = update.dims();
+    let whole = [out];
+    let widths = if widths.is_empty() {
+        &whole[..]
+    } else {
+        widths
+    };
+    fused_or!(has_fused(&update.device()),
+        fused => {
+            let device = update.device();
+            let second = second
+                .unwrap_or_else(|| Tensor::zeros([muon::neurons(fan_in, widths)], &device));
+            fused::normalise(update, second, widths, beta2)
+        },
+        composite => composite_normalised(update, widths, second, beta2),
+    )
+}
 
-/// NorMuon's step after the orthogonalisation: each matrix of `update` (of `widths` columns side
+/// NorMuon's step after the orthogonalisation, in Burn's tensor operations: each matrix of `update` (of `widths` columns side
 /// by side; none: one) has its neurons' mean squared updates folded into `second`
 /// (`second ← β₂·second + (1-β₂)·mean`, zero at first), each neuron divided by the square root
 /// of its running mean, and the matrix scaled back to its norm before. A neuron is a row of
@@ -140,7 +168,7 @@ const NORMUON_FLOOR: f32 = 1e-10;
 /// - update: `[in, out]`, `out` the sum of `widths`; output: the same
 /// - second: the matrices' running means one after another, `[1, width]` or `[in, 1]` each,
 ///   flattened (none: zero)
-pub fn normalised(
+pub fn composite_normalised(
     update: Tensor<2>,
     widths: &[usize],
     second: Option<Tensor<1>>,
@@ -173,9 +201,9 @@ pub fn normalised(
             }
             None => mean * (1.0 - beta2),
         };
-        let v = part.clone() / mean.clone().clamp_min(NORMUON_FLOOR).sqrt();
+        let v = part.clone() / mean.clone().clamp_min(muon::NORMUON_FLOOR).sqrt();
         let norm = |t: Tensor<2>| t.square().sum().sqrt();
-        let scale = norm(part) / norm(v.clone()).clamp_min(NORMUON_FLOOR);
+        let scale = norm(part) / norm(v.clone()).clamp_min(muon::NORMUON_FLOOR);
         parts.push(v * scale.unsqueeze::<2>());
         means.push(mean.reshape([n]));
         first += fan_out;
@@ -516,5 +544,58 @@ mod tests {
             .collect();
         assert_eq!(kept.len(), 8 + 8 + 8);
         assert!(max_diff(&kept, &second) < 1e-6);
+    }
+
+    #[test]
+    fn normuon_fused_and_composite_agree_with_the_reference() {
+        let c = 8;
+        let cases: [(usize, &[usize], u64); 3] = [
+            (3 * c, &[c, c, c], 40),
+            (2 * c, &[c, c / 2, c / 2], 41),
+            (c, &[], 42),
+        ];
+        for (out, widths, seed) in cases {
+            let u = random(c, out, seed);
+            let whole = [out];
+            let parts = if widths.is_empty() {
+                &whole[..]
+            } else {
+                widths
+            };
+            // A running mean from an earlier step (positive), then this step's.
+            let before: Vec<f64> = random(1, muon::neurons(c, parts), seed + 9)
+                .v
+                .iter()
+                .map(|x| x.abs() / 8.0)
+                .collect();
+            let mut second = before.clone();
+            let expected = reference_normuon(&u, parts, &mut second, 0.9);
+            let earlier = || {
+                let v: Vec<f32> = before.iter().map(|&x| x as f32).collect();
+                Some(Tensor::from_data(
+                    TensorData::new(v, [before.len()]),
+                    &Device::flex(),
+                ))
+            };
+            for (path, (got, means)) in [
+                ("fused", normalised(tensor(&u), widths, earlier(), 0.9)),
+                (
+                    "composite",
+                    composite_normalised(tensor(&u), widths, earlier(), 0.9),
+                ),
+            ] {
+                let d = max_diff(&values(got), &expected.v);
+                assert!(d < 1e-5, "{path}, {widths:?}: update differs by {d}");
+                let means: Vec<f64> = means
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::from)
+                    .collect();
+                let d = max_diff(&means, &second);
+                assert!(d < 1e-6, "{path}, {widths:?}: running means differ by {d}");
+            }
+        }
     }
 }

@@ -118,6 +118,14 @@ pub trait Optim: burn::backend::Backend {
     /// Muon's orthogonalisation of an update `[in, out]` seen as matrices of these widths side
     /// by side (none: one matrix).
     fn orthogonalise(u: FloatTensor<Self>, widths: Vec<usize>) -> FloatTensor<Self>;
+    /// NorMuon's normalisation of an orthogonalised update `[in, out]` (matrices of these widths
+    /// side by side) with the running means `second`: returns both, updated.
+    fn normalise(
+        u: FloatTensor<Self>,
+        second: FloatTensor<Self>,
+        widths: Vec<usize>,
+        beta2: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +301,23 @@ pub fn orthogonalise(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
         u.into_dispatch(),
         widths.to_vec(),
     ))
+}
+
+/// NorMuon's normalisation of `u` `[in, out]` (matrices of these widths side by side; never
+/// empty) with the running means `second`: the update and the means.
+pub fn normalise(
+    u: Tensor<2>,
+    second: Tensor<1>,
+    widths: &[usize],
+    beta2: f32,
+) -> (Tensor<2>, Tensor<1>) {
+    let (u, second) = <Dispatch as Optim>::normalise(
+        u.into_dispatch(),
+        second.into_dispatch(),
+        widths.to_vec(),
+        beta2,
+    );
+    (Tensor::from_dispatch(u), Tensor::from_dispatch(second))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,5 +504,23 @@ impl Optim for Flex {
             muon::orthogonalise(&floats(&u), rows, &widths),
             [rows, cols],
         )
+    }
+
+    fn normalise(
+        u: FlexTensor,
+        second: FlexTensor,
+        widths: Vec<usize>,
+        beta2: f32,
+    ) -> (FlexTensor, FlexTensor) {
+        let [rows, _] = dims(&u).try_into().expect("a Muon update is a matrix");
+        let [mut u, mut second] = [u, second].map(owned);
+        muon::normalise(
+            u.storage_mut::<f32>(),
+            rows,
+            &widths,
+            second.storage_mut::<f32>(),
+            beta2,
+        );
+        (u, second)
     }
 }
