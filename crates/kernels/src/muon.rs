@@ -108,6 +108,16 @@ pub fn newton_schulz(x: &mut [f32], m: usize, n: usize) {
     }
 }
 
+/// The widths of the matrices side by side in an update of `cols` columns: `widths` as given,
+/// or, when none are given, one matrix of all the columns.
+pub fn matrices(widths: &[usize], cols: usize) -> Vec<usize> {
+    if widths.is_empty() {
+        vec![cols]
+    } else {
+        widths.to_vec()
+    }
+}
+
 /// Below this a neuron's running mean of squares, or a matrix's norm, is not divided by.
 pub const NORMUON_FLOOR: f32 = 1e-10;
 

@@ -139,19 +139,14 @@ pub fn normalised(
     second: Option<Tensor<1>>,
     beta2: f32,
 ) -> (Tensor<2>, Tensor<1>) {
-    let [fan_in, out] = update.dims();
-    let whole = [out];
-    let widths = if widths.is_empty() {
-        &whole[..]
-    } else {
-        widths
-    };
     fused_or!(has_fused(&update.device()),
         fused => {
+            let [fan_in, out] = update.dims();
+            let widths = muon::matrices(widths, out);
             let device = update.device();
             let second = second
-                .unwrap_or_else(|| Tensor::zeros([muon::neurons(fan_in, widths)], &device));
-            fused::normalise(update, second, widths, beta2)
+                .unwrap_or_else(|| Tensor::zeros([muon::neurons(fan_in, &widths)], &device));
+            fused::normalise(update, second, &widths, beta2)
         },
         composite => composite_normalised(update, widths, second, beta2),
     )
@@ -175,16 +170,11 @@ pub fn composite_normalised(
     beta2: f32,
 ) -> (Tensor<2>, Tensor<1>) {
     let [fan_in, out] = update.dims();
-    let whole = [out];
-    let widths = if widths.is_empty() {
-        &whole[..]
-    } else {
-        widths
-    };
     let (mut first, mut at) = (0, 0);
+    let widths = muon::matrices(widths, out);
     let mut parts = Vec::with_capacity(widths.len());
     let mut means = Vec::with_capacity(widths.len());
-    for &fan_out in widths {
+    for &fan_out in &widths {
         let part = update.clone().narrow(1, first, fan_out);
         let squares = part.clone().square();
         let mean = if fan_out >= fan_in {
@@ -229,16 +219,10 @@ pub fn orthogonalised(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
 /// [`orthogonalised`] in Burn's tensor operations: the reference, and every other backend's.
 pub fn composite_orthogonalised(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
     let [fan_in, out] = u.dims();
-    let whole = [out];
-    let widths = if widths.is_empty() {
-        &whole[..]
-    } else {
-        widths
-    };
     let mut first = 0;
-    let parts = widths
-        .iter()
-        .map(|&fan_out| {
+    let parts = muon::matrices(widths, out)
+        .into_iter()
+        .map(|fan_out| {
             let scale = (fan_out as f64 / fan_in as f64).max(1.0).sqrt();
             let part = newton_schulz(u.clone().narrow(1, first, fan_out)) * scale;
             first += fan_out;
@@ -340,8 +324,7 @@ mod tests {
     /// torch_recipe.py's update of an `[out, in]` matrix: q/k/v stacked along `out` as
     /// matrices of `parts` rows (none: one), each scaled by `sqrt(max(1, rows / cols))`.
     fn reference_update(g: &M, parts: &[usize]) -> M {
-        let whole = [g.rows];
-        let parts = if parts.is_empty() { &whole[..] } else { parts };
+        let parts = &muon::matrices(parts, g.rows)[..];
         let (mut v, mut first) = (Vec::new(), 0);
         for &rows in parts {
             let part = M {
@@ -556,12 +539,7 @@ mod tests {
         ];
         for (out, widths, seed) in cases {
             let u = random(c, out, seed);
-            let whole = [out];
-            let parts = if widths.is_empty() {
-                &whole[..]
-            } else {
-                widths
-            };
+            let parts = &muon::matrices(widths, out)[..];
             // A running mean from an earlier step (positive), then this step's.
             let before: Vec<f64> = random(1, muon::neurons(c, parts), seed + 9)
                 .v

@@ -495,13 +495,8 @@ impl Optim for Flex {
 
     fn orthogonalise(u: FlexTensor, widths: Vec<usize>) -> FlexTensor {
         let [rows, cols] = dims(&u).try_into().expect("a Muon update is a matrix");
-        let widths = if widths.is_empty() {
-            vec![cols]
-        } else {
-            widths
-        };
         tensor(
-            muon::orthogonalise(&floats(&u), rows, &widths),
+            muon::orthogonalise(&floats(&u), rows, &muon::matrices(&widths, cols)),
             [rows, cols],
         )
     }
