@@ -16,8 +16,8 @@
 //! [`MIN_STEPS`]), the one chosen is the one whose tokens per parameter are nearest
 //! [`TOKENS_PER_PARAM`] (on a log scale), counting repeated
 //! epochs at a discount ([`effective_tokens`]). A larger text or a faster machine so moves the
-//! choice up the ladder, a smaller text down it. Dropout follows the epochs times the weights per token of text
-//! ([`dropout_for`]). The constants are fitted to the measured runs of BENCHMARKS.md (sections
+//! choice up the ladder, a smaller text down it. Dropout follows the epochs times the weights
+//! per token of text ([`dropout_for`]). The constants are fitted to the measured runs of BENCHMARKS.md (sections
 //! 24, 26 and 27), where the tables and the fit are.
 
 use std::path::Path;
