@@ -74,6 +74,38 @@ pub fn orthogonalise(u: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
     out
 }
 
+/// [`orthogonalise`] of several updates laid end to end in `u`, each `[rows, cols]` read as
+/// matrices of `widths` columns (none: one), all at once: the updates run in parallel, one to a
+/// thread, where one alone splits each of its small products between the threads, which then
+/// spend much of their time handing work over (BENCHMARKS.md, section 26). Each is computed as
+/// [`orthogonalise`] computes it alone (the share of a product is set by its shape, never by
+/// the threads), so the result is the same, bit for bit.
+///
+/// # Shapes
+/// - u: the updates' `rows * cols` values, one after the other; output: the same
+pub fn orthogonalise_all(u: &[f32], updates: &[(usize, usize, Vec<usize>)]) -> Vec<f32> {
+    let ends: Vec<usize> = updates
+        .iter()
+        .scan(0, |at, (rows, cols, _)| {
+            *at += rows * cols;
+            Some(*at)
+        })
+        .collect();
+    assert_eq!(
+        ends.last().copied().unwrap_or(0),
+        u.len(),
+        "updates do not match their shapes"
+    );
+    let parts: Vec<Vec<f32>> = updates
+        .par_iter()
+        .zip(&ends)
+        .map(|((rows, cols, widths), &end)| {
+            orthogonalise(&u[end - rows * cols..end], *rows, &matrices(widths, *cols))
+        })
+        .collect();
+    parts.concat()
+}
+
 /// `x` normalised by its Frobenius norm, then [`STEPS`] iterations of
 /// `X ← aX + (bA + cA²)X` with `A = XXᵀ`, in place.
 ///

@@ -669,3 +669,42 @@ fn muon_orthogonalisation_matches_its_definition_on_any_thread_count() {
         );
     }
 }
+
+#[test]
+fn muon_orthogonalises_many_updates_at_once_as_one_at_a_time() {
+    use cinder_kernels::muon::{orthogonalise, orthogonalise_all};
+    // A block's updates in Burn's [in, out] layout: q/k/v as three matrices, the projection,
+    // the MLP's up and down; then one past a row share.
+    let updates: Vec<(usize, usize, Vec<usize>)> = vec![
+        (16, 48, vec![16, 16, 16]),
+        (16, 16, vec![]),
+        (16, 64, vec![]),
+        (64, 16, vec![]),
+        (130, 20, vec![]),
+    ];
+    let u: Vec<Vec<f32>> = updates
+        .iter()
+        .enumerate()
+        .map(|(i, (rows, cols, _))| random(rows * cols, 11 + i as u64))
+        .collect();
+    let alone: Vec<f32> = updates
+        .iter()
+        .zip(&u)
+        .flat_map(|((rows, cols, widths), u)| {
+            orthogonalise(u, *rows, &cinder_kernels::muon::matrices(widths, *cols))
+        })
+        .collect();
+    let on = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| orthogonalise_all(&u.concat(), &updates))
+    };
+    for threads in [1, 2, 3] {
+        assert!(
+            on(threads) == alone,
+            "{threads} threads differ from one at a time"
+        );
+    }
+}

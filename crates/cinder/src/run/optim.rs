@@ -7,17 +7,19 @@
 //!   `learning_rate`).
 //!
 //! Each parameter tensor is updated by the model's [`TensorAdamW`] (a single fused pass on the
-//! Flex backend, Burn's AdamW elsewhere) or [`TensorMuon`].
+//! Flex backend, Burn's AdamW elsewhere) or [`TensorMuon`]. Muon's matrices pass twice, so that
+//! their updates are orthogonalised together ([`MuonBatch`]: the same bits, in less time:
+//! BENCHMARKS.md, section 28).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use burn::module::{ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use cinder_model::Gpt;
 use cinder_model::ops::adamw::{TensorAdamW, sum_squares};
-use cinder_model::ops::muon::TensorMuon;
+use cinder_model::ops::muon::{MuonBatch, TensorMuon};
 
 use crate::config::{OptimizerKind, TrainConfig};
 
@@ -36,12 +38,16 @@ pub struct Optim {
     /// The factor the gradients of the current step are multiplied by (clipping), shared with
     /// the per-tensor updates. f32 bits.
     grad_scale: Arc<AtomicU32>,
+    /// With `muon`: its matrices, and the batch in which their updates are orthogonalised
+    /// together ([`MuonBatch`]).
+    muon: Option<(Vec<ParamId>, Arc<Mutex<MuonBatch>>)>,
 }
 
 impl Optim {
     /// The optimizer of a run with the settings of `c`, for `model`'s parameters.
     pub fn new(c: &TrainConfig, model: &Gpt) -> Self {
         let grad_scale = Arc::new(AtomicU32::new(1.0f32.to_bits()));
+        let mut muon_batch = None;
         let module = match c.optimizer {
             OptimizerKind::Adamw => {
                 let betas = (c.beta1 as f32, c.beta2 as f32, EPSILON);
@@ -57,6 +63,7 @@ impl Optim {
                     TensorAdamW::new(MUON_ADAMW, 0.0, grad_scale.clone())
                         .with_lr_scale(peak / c.learning_rate)
                 };
+                let batch = MuonBatch::shared();
                 let muon = |widths: Vec<usize>| TensorMuon {
                     momentum: c.muon_momentum as f32,
                     weight_decay: c.weight_decay as f32,
@@ -64,8 +71,10 @@ impl Optim {
                     widths,
                     grad_scale: grad_scale.clone(),
                     beta2: c.muon_beta2 as f32,
+                    batch: batch.clone(),
                 };
                 let (qkv, matrices) = muon_params(model);
+                muon_batch = Some(([qkv.as_slice(), &matrices].concat(), batch.clone()));
                 // Attention's q/k/v weight is three matrices side by side.
                 let qkv_widths = model.config.qkv_layout().widths().to_vec();
                 let head = model.lm_head.iter().map(|w| w.id).collect();
@@ -81,7 +90,11 @@ impl Optim {
                     .with_group(ParamGroup::from_ids(qkv), muon(qkv_widths), None)
             }
         };
-        Self { module, grad_scale }
+        Self {
+            module,
+            grad_scale,
+            muon: muon_batch,
+        }
     }
 
     /// One step with learning rate `lr` (the run's base rate; groups with peaks of their own
@@ -95,6 +108,33 @@ impl Optim {
             1.0
         };
         self.grad_scale.store(scale.to_bits(), Ordering::Relaxed);
+        let model = match &self.muon {
+            // Muon's matrices first pass with their gradients alone, queueing their updates
+            // (the weights left as they are), which are then orthogonalised together.
+            Some((ids, batch)) => {
+                let mut theirs = GradientsParams::new();
+                for &id in ids {
+                    if let Some(g) = grads.get::<2>(id) {
+                        theirs.register(id, g);
+                    }
+                }
+                let matrices = theirs.len();
+                batch
+                    .lock()
+                    .expect("Muon's batch is not poisoned")
+                    .collect();
+                let model = self.module.step(lr, model, theirs);
+                let queued = batch
+                    .lock()
+                    .expect("Muon's batch is not poisoned")
+                    .orthogonalise();
+                // Every matrix queued (none stepped in the first pass by an optimizer outside
+                // the batch).
+                assert_eq!(queued, matrices, "Muon's matrices were not all queued");
+                model
+            }
+            None => model,
+        };
         self.module.step(lr, model, grads)
     }
 }

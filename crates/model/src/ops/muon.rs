@@ -13,8 +13,9 @@
 //! down-projections would swap their factors), and it cannot treat attention's fused q/k/v
 //! weight as three matrices.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use burn::optim::{LearningRate, Optimizer, RecordState, StateSink, StateSource};
 use burn::prelude::*;
@@ -44,6 +45,63 @@ pub struct TensorMuon {
     pub grad_scale: Arc<AtomicU32>,
     /// NorMuon's β₂, the decay of the running mean of each neuron's squared update; 0: Muon.
     pub beta2: f32,
+    /// The step's matrices orthogonalised together, shared by a run's Muon groups.
+    pub batch: Arc<Mutex<MuonBatch>>,
+}
+
+/// Muon's matrices orthogonalised together. Burn's optimizer updates a model's parameters one
+/// at a time, and one matrix's orthogonalisation is too small to keep the threads busy (they
+/// spend much of it handing its products over: BENCHMARKS.md, section 26). So a run's step
+/// passes over Muon's matrices twice:
+/// 1. [`MuonBatch::collect`]: each matrix's step queues its momentum and its update, and leaves
+///    the weight and its state as they are;
+/// 2. [`MuonBatch::orthogonalise`] orthogonalises the queued updates all at once (on Flex, one
+///    to a thread), the same bits as one at a time;
+/// 3. the step proper: each matrix takes its own from the queue, in the order they were queued
+///    (Burn visits a model's parameters in one order).
+///
+/// A step with nothing queued orthogonalises its matrix itself.
+#[derive(Default)]
+pub struct MuonBatch {
+    collecting: bool,
+    queued: VecDeque<Queued>,
+}
+
+/// A matrix's momentum buffer and update, queued by [`MuonBatch::collect`].
+struct Queued {
+    momentum: Tensor<2>,
+    update: Tensor<2>,
+    widths: Vec<usize>,
+}
+
+impl MuonBatch {
+    /// A new batch to share between a run's Muon groups.
+    pub fn shared() -> Arc<Mutex<MuonBatch>> {
+        Arc::new(Mutex::new(MuonBatch::default()))
+    }
+
+    /// From now until [`MuonBatch::orthogonalise`], steps queue their matrices.
+    pub fn collect(&mut self) {
+        assert!(self.queued.is_empty(), "a Muon step left matrices queued");
+        self.collecting = true;
+    }
+
+    /// The queued updates orthogonalised, all at once, for the step proper to take. Returns
+    /// how many there are.
+    pub fn orthogonalise(&mut self) -> usize {
+        self.collecting = false;
+        let queued = std::mem::take(&mut self.queued);
+        let updates = queued
+            .iter()
+            .map(|q| (q.update.clone(), q.widths.clone()))
+            .collect();
+        self.queued = queued
+            .into_iter()
+            .zip(orthogonalised_all(updates))
+            .map(|(q, update)| Queued { update, ..q })
+            .collect();
+        self.queued.len()
+    }
 }
 
 /// Muon's state for one matrix: the momentum buffer, shaped as the weight, and with NorMuon the
@@ -87,22 +145,49 @@ impl Optimizer for TensorMuon {
         state: Option<MuonState<D>>,
     ) -> (Tensor<D>, Option<MuonState<D>>) {
         assert_eq!(D, 2, "Muon updates matrices only");
-        let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
-        let grad = if scale == 1.0 { grad } else { grad * scale };
-        let beta = self.momentum;
-        let (momentum, second) = match state {
-            Some(s) => (Some(s.momentum), s.second),
-            None => (None, None),
-        };
-        // buf = β·buf + (1-β)·g; u = g + β·(buf - g) (Nesterov).
-        let momentum = match momentum {
-            Some(m) => m * beta + grad.clone() * (1.0 - beta),
-            None => grad.clone() * (1.0 - beta),
-        };
-        let u = grad.clone() + (momentum.clone() - grad) * beta;
-        let lr = lr * self.lr_scale;
         let shape = tensor.shape();
-        let update = orthogonalised(u.reshape([shape[0], shape[1]]), &self.widths);
+        let matrix = [shape[0], shape[1]];
+        let mut batch = self.batch.lock().expect("Muon's batch is not poisoned");
+        // The momentum and the update of this step: queued (when collecting, or collected).
+        let collecting = batch.collecting;
+        let queued = if collecting {
+            None
+        } else {
+            batch.queued.pop_front()
+        };
+        drop(batch);
+        let (momentum, update) = match queued {
+            Some(q) => {
+                assert!(
+                    q.update.dims() == matrix && q.widths == self.widths,
+                    "Muon's queue is out of order"
+                );
+                (q.momentum.reshape(shape.clone()), q.update)
+            }
+            None => {
+                let scale = f32::from_bits(self.grad_scale.load(Ordering::Relaxed));
+                let grad = if scale == 1.0 { grad } else { grad * scale };
+                let beta = self.momentum;
+                // buf = β·buf + (1-β)·g; u = g + β·(buf - g) (Nesterov).
+                let momentum = match state.as_ref() {
+                    Some(s) => s.momentum.clone() * beta + grad.clone() * (1.0 - beta),
+                    None => grad.clone() * (1.0 - beta),
+                };
+                let u = (grad.clone() + (momentum.clone() - grad) * beta).reshape(matrix);
+                if collecting {
+                    let mut batch = self.batch.lock().expect("Muon's batch is not poisoned");
+                    batch.queued.push_back(Queued {
+                        momentum: momentum.reshape(matrix),
+                        update: u,
+                        widths: self.widths.clone(),
+                    });
+                    return (tensor, state);
+                }
+                (momentum, orthogonalised(u, &self.widths))
+            }
+        };
+        let second = state.and_then(|s| s.second);
+        let lr = lr * self.lr_scale;
         let (update, second) = if self.beta2 > 0.0 {
             let (update, second) = normalised(update, &self.widths, second, self.beta2);
             (update, Some(second))
@@ -213,6 +298,21 @@ pub fn orthogonalised(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
     fused_or!(has_fused(&u.device()),
         fused => fused::orthogonalise(u, widths),
         composite => composite_orthogonalised(u, widths),
+    )
+}
+
+/// [`orthogonalised`] of several updates at once (each with its widths): on Flex in parallel, one
+/// to a thread ([`MuonBatch`]), else one after another.
+pub fn orthogonalised_all(updates: Vec<(Tensor<2>, Vec<usize>)>) -> Vec<Tensor<2>> {
+    let Some((first, _)) = updates.first() else {
+        return Vec::new();
+    };
+    fused_or!(has_fused(&first.device()),
+        fused => fused::orthogonalise_all(updates),
+        composite => updates
+            .into_iter()
+            .map(|(u, widths)| composite_orthogonalised(u, &widths))
+            .collect(),
     )
 }
 
@@ -402,6 +502,7 @@ mod tests {
             widths: vec![4, 4, 4],
             grad_scale: Arc::new(AtomicU32::new(0.5f32.to_bits())),
             beta2: 0.0,
+            batch: MuonBatch::shared(),
         };
         let (c, out) = (4, 12);
         let mut p = random(c, out, 10);
@@ -428,6 +529,98 @@ mod tests {
             p = p.lin(1.0 - eff * wd, &update, -eff);
             let d = max_diff(&values(tensor_p.clone()), &p.v);
             assert!(d < 1e-5, "step {step}: weights differ by {d}");
+        }
+    }
+
+    #[test]
+    fn matrices_collected_and_orthogonalised_together_step_as_one_at_a_time() {
+        // Two groups (q/k/v's three matrices, and one tall matrix) sharing a batch, against the
+        // same groups stepping alone, over three steps of Muon and of NorMuon: the same bits.
+        for beta2 in [0.0, 0.95] {
+            collected_steps_as_alone(beta2);
+        }
+    }
+
+    fn collected_steps_as_alone(beta2: f32) {
+        let group = |widths: Vec<usize>, batch: &Arc<Mutex<MuonBatch>>| TensorMuon {
+            momentum: 0.9,
+            weight_decay: 0.1,
+            lr_scale: 1.0,
+            widths,
+            grad_scale: Arc::new(AtomicU32::new(1.0f32.to_bits())),
+            beta2,
+            batch: batch.clone(),
+        };
+        let (together, alone) = (MuonBatch::shared(), MuonBatch::shared());
+        let shapes = [(8, 24, vec![8, 8, 8]), (32, 8, vec![])];
+        let mut weights: Vec<[Tensor<2>; 2]> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, (rows, cols, _))| {
+                let w = tensor(&random(*rows, *cols, 30 + i as u64));
+                [w.clone(), w]
+            })
+            .collect();
+        let mut states: Vec<[Option<MuonState<2>>; 2]> = vec![[None, None], [None, None]];
+        let lr = 0.02;
+        for step in 0..3u64 {
+            let grads: Vec<Tensor<2>> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, (rows, cols, _))| tensor(&random(*rows, *cols, 40 + 2 * step + i as u64)))
+                .collect();
+            // One at a time.
+            for (i, (_, _, widths)) in shapes.iter().enumerate() {
+                let muon = group(widths.clone(), &alone);
+                let (w, s) = muon.step(
+                    lr,
+                    weights[i][1].clone(),
+                    grads[i].clone(),
+                    states[i][1].take(),
+                );
+                (weights[i][1], states[i][1]) = (w, s);
+            }
+            // Collected, orthogonalised together, then stepped.
+            together.lock().unwrap().collect();
+            for (i, (_, _, widths)) in shapes.iter().enumerate() {
+                let muon = group(widths.clone(), &together);
+                let (w, s) = muon.step(
+                    lr,
+                    weights[i][0].clone(),
+                    grads[i].clone(),
+                    states[i][0].take(),
+                );
+                assert_eq!(
+                    values(w.clone()),
+                    values(weights[i][0].clone()),
+                    "collecting moved a weight"
+                );
+                (weights[i][0], states[i][0]) = (w, s);
+            }
+            assert_eq!(together.lock().unwrap().orthogonalise(), 2);
+            for (i, (_, _, widths)) in shapes.iter().enumerate() {
+                let muon = group(widths.clone(), &together);
+                let (w, s) = muon.step(
+                    lr,
+                    weights[i][0].clone(),
+                    grads[i].clone(),
+                    states[i][0].take(),
+                );
+                (weights[i][0], states[i][0]) = (w, s);
+            }
+            for i in 0..2 {
+                assert_eq!(
+                    values(weights[i][0].clone()),
+                    values(weights[i][1].clone()),
+                    "β₂ {beta2}, step {step}, matrix {i}"
+                );
+                let [a, b] = [0, 1].map(|k| states[i][k].clone().unwrap());
+                assert_eq!(
+                    values(a.momentum),
+                    values(b.momentum),
+                    "step {step}, matrix {i}"
+                );
+            }
         }
     }
 
@@ -492,6 +685,7 @@ mod tests {
             widths: widths.clone(),
             grad_scale: Arc::new(AtomicU32::new(1.0f32.to_bits())),
             beta2: beta2 as f32,
+            batch: MuonBatch::shared(),
         };
         let mut p = random(c, out, 11);
         let mut tensor_p = tensor(&p);

@@ -118,6 +118,12 @@ pub trait Optim: burn::backend::Backend {
     /// Muon's orthogonalisation of an update `[in, out]` seen as matrices of these widths side
     /// by side (none: one matrix).
     fn orthogonalise(u: FloatTensor<Self>, widths: Vec<usize>) -> FloatTensor<Self>;
+    /// Muon's orthogonalisation of several updates at once, laid end to end in `u` (`[n]`),
+    /// each `(rows, cols, widths)`.
+    fn orthogonalise_all(
+        u: FloatTensor<Self>,
+        updates: Vec<(usize, usize, Vec<usize>)>,
+    ) -> FloatTensor<Self>;
     /// NorMuon's normalisation of an orthogonalised update `[in, out]` (matrices of these widths
     /// side by side) with the running means `second`: returns both, updated.
     fn normalise(
@@ -301,6 +307,44 @@ pub fn orthogonalise(u: Tensor<2>, widths: &[usize]) -> Tensor<2> {
         u.into_dispatch(),
         widths.to_vec(),
     ))
+}
+
+/// Muon's orthogonalisation of several updates `[in, out]` at once, each seen as matrices of its
+/// widths side by side (none: one matrix): in parallel, one to a thread.
+pub fn orthogonalise_all(updates: Vec<(Tensor<2>, Vec<usize>)>) -> Vec<Tensor<2>> {
+    if updates.is_empty() {
+        return Vec::new();
+    }
+    let shapes: Vec<(usize, usize, Vec<usize>)> = updates
+        .iter()
+        .map(|(u, widths)| {
+            let [rows, cols] = u.dims();
+            (rows, cols, widths.clone())
+        })
+        .collect();
+    let flat = Tensor::cat(
+        updates
+            .into_iter()
+            .map(|(u, _)| {
+                let n = u.shape().num_elements();
+                u.reshape([n])
+            })
+            .collect(),
+        0,
+    );
+    let out: Tensor<1> = Tensor::from_dispatch(<Dispatch as Optim>::orthogonalise_all(
+        flat.into_dispatch(),
+        shapes.clone(),
+    ));
+    let mut at = 0;
+    shapes
+        .iter()
+        .map(|&(rows, cols, _)| {
+            let part = out.clone().narrow(0, at, rows * cols).reshape([rows, cols]);
+            at += rows * cols;
+            part
+        })
+        .collect()
 }
 
 /// NorMuon's normalisation of `u` `[in, out]` (matrices of these widths side by side; never
@@ -499,6 +543,11 @@ impl Optim for Flex {
             muon::orthogonalise(&floats(&u), rows, &muon::matrices(&widths, cols)),
             [rows, cols],
         )
+    }
+
+    fn orthogonalise_all(u: FlexTensor, updates: Vec<(usize, usize, Vec<usize>)>) -> FlexTensor {
+        let u = floats(&u);
+        tensor(muon::orthogonalise_all(&u, &updates), [u.len()])
     }
 
     fn normalise(
