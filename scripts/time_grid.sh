@@ -17,8 +17,9 @@
 # --default-wall: the default config's wall seconds on this machine (measured on another text),
 # for "scaled" without running "default" here.
 #
-# Needs: cargo build --release. Rungs count from 1, smallest first (run/plan.rs, LADDER); a
-# shape off the ladder is written LxWxHxCxB (layers, width, heads, context, batch).
+# Needs: cargo build --release (or CINDER_TRAIN: the train binary to run, e.g. a copy that a
+# build meanwhile does not replace). Rungs count from 1, smallest first (run/plan.rs, LADDER);
+# a shape off the ladder is written LxWxHxCxB (layers, width, heads, context, batch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=$1 budget=$2
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
 done
 # The ladder, read from its one declaration (run/plan.rs): "layers width heads context batch".
 mapfile -t ladder < <(sed -n 's/^    shape(\(.*\)),$/\1/p' crates/cinder/src/run/plan.rs | tr -d ,)
-train=target/release/train
+train=${CINDER_TRAIN:-target/release/train}
 name=$(basename "$text" .txt)
 mb=$(awk -v b="$(stat -c %s "$text")" 'BEGIN { printf "%.2f", b / 1e6 }')
 work=$(mktemp -d /tmp/time_grid.XXXXXX)

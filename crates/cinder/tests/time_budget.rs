@@ -119,7 +119,7 @@ fn a_budget_too_small_says_the_least_that_works() {
         &[
             "a time budget of 2s is too small",
             "2 x 64",
-            "The least that works here is about --time 20s",
+            "The least that works here is about --time 19s",
         ],
     );
     assert!(!dir.path().join("run/latest").exists());
