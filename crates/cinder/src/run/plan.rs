@@ -722,6 +722,20 @@ pub fn fit(
             .map_or(started.elapsed().as_secs_f64(), |t| t.spent)
     };
     let left = || budget - spent() - reserve;
+    // `shapes` measured with `c`'s other settings, within MEASURE_SHARE of the budget.
+    let measure_on = |c: &TrainConfig, shapes: &[Shape], data: TrainingData| {
+        measure(
+            c,
+            shapes,
+            data,
+            backend,
+            ops,
+            &out.join(".measuring"),
+            MEASURE_SHARE * budget,
+            left(),
+            say,
+        )
+    };
     let (mut data, candidates) = match &injected {
         Some(t) => (
             data,
@@ -737,17 +751,7 @@ pub fn fit(
                 seconds(MEASURE_SHARE * budget),
                 config.time_budget
             ));
-            let m = measure(
-                config,
-                &shapes,
-                data,
-                backend,
-                ops,
-                &out.join(".measuring"),
-                MEASURE_SHARE * budget,
-                left(),
-                say,
-            )?;
+            let m = measure_on(config, &shapes, data)?;
             (m.data, m.candidates)
         }
     };
@@ -784,17 +788,7 @@ pub fn fit(
         let mut with = config.clone();
         with.dropout = plan.dropout;
         say(format!("measuring it again with dropout {}:", plan.dropout));
-        let m = measure(
-            &with,
-            &[plan.shape],
-            data,
-            backend,
-            ops,
-            &out.join(".measuring"),
-            MEASURE_SHARE * budget,
-            left(),
-            say,
-        )?;
+        let m = measure_on(&with, &[plan.shape], data)?;
         data = m.data;
         let again = m.candidates.first().copied().unwrap_or(Candidate {
             shape: plan.shape,
