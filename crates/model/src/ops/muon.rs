@@ -553,68 +553,49 @@ mod tests {
         };
         let (together, alone) = (MuonBatch::shared(), MuonBatch::shared());
         let shapes = [(8, 24, vec![8, 8, 8]), (32, 8, vec![])];
-        let mut weights: Vec<[Tensor<2>; 2]> = shapes
+        let start: Vec<Tensor<2>> = shapes
             .iter()
             .enumerate()
-            .map(|(i, (rows, cols, _))| {
-                let w = tensor(&random(*rows, *cols, 30 + i as u64));
-                [w.clone(), w]
-            })
+            .map(|(i, (rows, cols, _))| tensor(&random(*rows, *cols, 30 + i as u64)))
             .collect();
-        let mut states: Vec<[Option<MuonState<2>>; 2]> = vec![[None, None], [None, None]];
-        let lr = 0.02;
+        // Each copy: its weights and states, matrix by matrix.
+        let (mut ours, mut theirs) = ((start.clone(), vec![None, None]), (start, vec![None, None]));
+        // Every matrix of a copy stepped once, its group sharing `batch`.
+        let step_each = |copy: &mut (Vec<Tensor<2>>, Vec<Option<MuonState<2>>>),
+                         batch: &Arc<Mutex<MuonBatch>>,
+                         grads: &[Tensor<2>]| {
+            for (i, (_, _, widths)) in shapes.iter().enumerate() {
+                let (w, s) = group(widths.clone(), batch).step(
+                    0.02,
+                    copy.0[i].clone(),
+                    grads[i].clone(),
+                    copy.1[i].take(),
+                );
+                (copy.0[i], copy.1[i]) = (w, s);
+            }
+        };
         for step in 0..3u64 {
             let grads: Vec<Tensor<2>> = shapes
                 .iter()
                 .enumerate()
                 .map(|(i, (rows, cols, _))| tensor(&random(*rows, *cols, 40 + 2 * step + i as u64)))
                 .collect();
-            // One at a time.
-            for (i, (_, _, widths)) in shapes.iter().enumerate() {
-                let muon = group(widths.clone(), &alone);
-                let (w, s) = muon.step(
-                    lr,
-                    weights[i][1].clone(),
-                    grads[i].clone(),
-                    states[i][1].take(),
-                );
-                (weights[i][1], states[i][1]) = (w, s);
-            }
-            // Collected, orthogonalised together, then stepped.
+            step_each(&mut theirs, &alone, &grads);
+            // Collected (the weights left as they are), orthogonalised together, then stepped.
+            let before: Vec<Vec<f64>> = ours.0.iter().map(|w| values(w.clone())).collect();
             together.lock().unwrap().collect();
-            for (i, (_, _, widths)) in shapes.iter().enumerate() {
-                let muon = group(widths.clone(), &together);
-                let (w, s) = muon.step(
-                    lr,
-                    weights[i][0].clone(),
-                    grads[i].clone(),
-                    states[i][0].take(),
-                );
-                assert_eq!(
-                    values(w.clone()),
-                    values(weights[i][0].clone()),
-                    "collecting moved a weight"
-                );
-                (weights[i][0], states[i][0]) = (w, s);
-            }
+            step_each(&mut ours, &together, &grads);
+            let after: Vec<Vec<f64>> = ours.0.iter().map(|w| values(w.clone())).collect();
+            assert_eq!(before, after, "collecting moved a weight");
             assert_eq!(together.lock().unwrap().orthogonalise(), 2);
-            for (i, (_, _, widths)) in shapes.iter().enumerate() {
-                let muon = group(widths.clone(), &together);
-                let (w, s) = muon.step(
-                    lr,
-                    weights[i][0].clone(),
-                    grads[i].clone(),
-                    states[i][0].take(),
-                );
-                (weights[i][0], states[i][0]) = (w, s);
-            }
+            step_each(&mut ours, &together, &grads);
             for i in 0..2 {
                 assert_eq!(
-                    values(weights[i][0].clone()),
-                    values(weights[i][1].clone()),
+                    values(ours.0[i].clone()),
+                    values(theirs.0[i].clone()),
                     "β₂ {beta2}, step {step}, matrix {i}"
                 );
-                let [a, b] = [0, 1].map(|k| states[i][k].clone().unwrap());
+                let [a, b] = [&ours, &theirs].map(|c| c.1[i].clone().unwrap());
                 assert_eq!(
                     values(a.momentum),
                     values(b.momentum),
