@@ -1,6 +1,6 @@
 //! Linear layers, `y = x W + b` with `W` as `[d_in, d_out]` (Burn's layout, and GPT-2's).
 
-use crate::matmul::{Mat, matmul};
+use crate::matmul::{Mat, matmul, product};
 use crate::rows;
 use crate::simd::{add_assign, multiversion};
 
@@ -36,28 +36,32 @@ impl<'a> Linear<'a> {
     }
 }
 
+/// `x W + b`.
+///
 /// # Shapes
-/// - x: `[N, d_in]` -> out: `[N, d_out]`
-pub fn forward(x: &[f32], l: Linear, out: &mut [f32]) {
+/// - x: `[N, d_in]` -> `[N, d_out]`
+pub fn forward(x: &[f32], l: Linear) -> Vec<f32> {
     let n = x.len() / l.d_in;
     match l.bias {
         Some(b) => {
-            rows::each_mut(out, l.d_out, |o| {
+            let mut out = vec![0.0; n * l.d_out];
+            rows::each_mut(&mut out, l.d_out, |o| {
                 for row in o.chunks_exact_mut(b.len()) {
                     row.copy_from_slice(b);
                 }
             });
-            matmul(out, Mat::new(x, n, l.d_in), l.w(), true);
+            matmul(&mut out, Mat::new(x, n, l.d_in), l.w(), true);
+            out
         }
-        None => matmul(out, Mat::new(x, n, l.d_in), l.w(), false),
+        None => forward_unbiased(x, l),
     }
 }
 
-/// `out = x W`: [`forward`] without the bias, for a caller that adds it in its own next pass
-/// over `out` (the sum is the same: gemm adds its product to the bias in one addition).
-pub fn forward_unbiased(x: &[f32], l: Linear, out: &mut [f32]) {
+/// `x W`: [`forward`] without the bias, for a caller that adds it in its own next pass over the
+/// output (the sum is the same: gemm adds its product to the bias in one addition).
+pub fn forward_unbiased(x: &[f32], l: Linear) -> Vec<f32> {
     let n = x.len() / l.d_in;
-    matmul(out, Mat::new(x, n, l.d_in), l.w(), false);
+    product(Mat::new(x, n, l.d_in), l.w())
 }
 
 multiversion! {
@@ -71,45 +75,48 @@ multiversion! {
     }
 }
 
-/// `out = residual + (x W + b)`: a layer on a residual branch, the bias and the residual
-/// added in one pass after the product.
+/// `residual + (x W + b)`: a layer on a residual branch, the bias and the residual added in one
+/// pass after the product.
 ///
 /// # Shapes
-/// - x: `[N, d_in]`; residual, out: `[N, d_out]`
-pub fn forward_residual(x: &[f32], l: Linear, residual: &[f32], out: &mut [f32]) {
-    forward_unbiased(x, l, out);
-    rows::zip_mut(out, residual, l.d_out, |o, r| match l.bias {
+/// - x: `[N, d_in]`; residual, output: `[N, d_out]`
+pub fn forward_residual(x: &[f32], l: Linear, residual: &[f32]) -> Vec<f32> {
+    let mut out = forward_unbiased(x, l);
+    rows::zip_mut(&mut out, residual, l.d_out, |o, r| match l.bias {
         Some(b) => add_bias_residual_rows(o, b, r),
         None => add_assign(o, r),
     });
+    out
 }
 
-/// Backward of [`forward`]: `dx = dy Wᵀ`, `dW = xᵀ dy` and `db = Σ_rows dy`, each written
-/// when asked for.
+/// Backward of [`forward`]: `dx = dy Wᵀ`, `dW = xᵀ dy` and `db = Σ_rows dy`, each computed
+/// when asked for (`want`: dx, dW, db).
 ///
 /// # Shapes
-/// - dy: `[N, d_out]`, x: `[N, d_in]`, dx: `[N, d_in]`, dw: `[d_in, d_out]`, db: `[d_out]`
-pub fn backward(
-    dy: &[f32],
-    x: &[f32],
-    l: Linear,
-    dx: Option<&mut [f32]>,
-    dw: Option<&mut [f32]>,
-    db: Option<&mut [f32]>,
-) {
+/// - dy: `[N, d_out]`, x: `[N, d_in]` -> dx: `[N, d_in]`, dw: `[d_in, d_out]`, db: `[d_out]`
+pub fn backward(dy: &[f32], x: &[f32], l: Linear, want: [bool; 3]) -> Grads {
     let n = x.len() / l.d_in;
     let dy_m = Mat::new(dy, n, l.d_out);
-    if let Some(dx) = dx {
-        matmul(dx, dy_m, l.w().t(), false);
+    let [want_dx, want_dw, want_db] = want;
+    Grads {
+        dx: want_dx.then(|| product(dy_m, l.w().t())),
+        dw: want_dw.then(|| product(Mat::new(x, n, l.d_in).t(), dy_m)),
+        db: want_db.then(|| {
+            let mut db = vec![0.0; l.d_out];
+            rows::sum(dy, l.d_out, &mut db, |_, block, acc| {
+                for row in block.chunks_exact(acc.len()) {
+                    add_assign(acc, row);
+                }
+            });
+            db
+        }),
     }
-    if let Some(dw) = dw {
-        matmul(dw, Mat::new(x, n, l.d_in).t(), dy_m, false);
-    }
-    if let Some(db) = db {
-        rows::sum(dy, l.d_out, db, |_, block, acc| {
-            for row in block.chunks_exact(acc.len()) {
-                add_assign(acc, row);
-            }
-        });
-    }
+}
+
+/// A linear layer's gradients, each present when asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grads {
+    pub dx: Option<Vec<f32>>,
+    pub dw: Option<Vec<f32>>,
+    pub db: Option<Vec<f32>>,
 }

@@ -113,19 +113,47 @@ fn shares(len: usize) -> usize {
 /// shares depend only on the shapes, so the result does not depend on the number of threads.
 /// (gemm's own threading was measured slower on the model's products, which are small for it.)
 pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert_eq!(b.rows, k, "inner dimensions differ");
     assert_eq!(
         out.len(),
-        m * n,
+        a.rows * b.cols,
         "output does not match the product's shape"
     );
+    // SAFETY: `out` holds the product's m x n values, initialised, and is borrowed mutably.
+    unsafe { matmul_raw(out.as_mut_ptr(), a, b, accumulate) }
+}
+
+/// `a · b` in a new buffer that nothing zeroes first: each value is written once, by the
+/// product. (Zeroing every output before a kernel wrote it was 8% of the default run's time:
+/// BENCHMARKS.md, section 29.)
+pub fn product(a: Mat, b: Mat) -> Vec<f32> {
+    let len = a.rows * b.cols;
+    let mut out = Vec::with_capacity(len);
+    // SAFETY: `out` has room for the m x n values, and no other reference to it exists. With
+    // `accumulate` false, matmul_raw writes every value before anything reads it: gemm with
+    // `read_dst` false stores its first pass over the inner dimension and adds later passes to
+    // what it stored, and partial products are summed into values first set to zero. So all
+    // `len` values are initialised when the length is set.
+    unsafe {
+        matmul_raw(out.as_mut_ptr(), a, b, false);
+        out.set_len(len);
+    }
+    out
+}
+
+/// [`matmul`] into `out` given as a pointer.
+///
+/// # Safety
+/// `out` must be valid for writes of `a.rows * b.cols` values, initialised when `accumulate`,
+/// and no other thread may touch them during the call.
+unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions differ");
     let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
     if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2 && col_shares < 2) {
-        strided_matmul(out.as_mut_ptr(), (n as isize, 1), a, b, accumulate);
+        strided_matmul(out, (n as isize, 1), a, b, accumulate);
     } else if row_shares >= 2 {
         let rows = m.div_ceil(row_shares);
-        let ptr = SharedMut(out.as_mut_ptr());
+        let ptr = SharedMut(out);
         (0..row_shares).into_par_iter().for_each(|i| {
             let r = i * rows..((i + 1) * rows).min(m);
             // SAFETY: rows r of `out` belong to this share alone.
@@ -139,7 +167,7 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
         });
     } else if inner_shares < 2 {
         let cols = n.div_ceil(col_shares);
-        let ptr = SharedMut(out.as_mut_ptr());
+        let ptr = SharedMut(out);
         (0..col_shares).into_par_iter().for_each(|j| {
             let c = j * cols..((j + 1) * cols).min(n);
             // SAFETY: columns c of `out` belong to this share alone.
@@ -158,15 +186,21 @@ pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
             })
             .collect();
         // Added share by share, in order.
-        out.par_chunks_mut(SUM_CHUNK)
-            .enumerate()
-            .for_each(|(c, out)| {
+        let ptr = SharedMut(out);
+        (0..(m * n).div_ceil(SUM_CHUNK))
+            .into_par_iter()
+            .for_each(|c| {
                 let at = c * SUM_CHUNK;
+                let len = SUM_CHUNK.min(m * n - at);
+                let first = ptr.at(at);
                 if !accumulate {
-                    out.fill(0.0);
+                    // SAFETY: these values belong to this task alone, within the output.
+                    (0..len).for_each(|i| unsafe { first.add(i).write(0.0) });
                 }
+                // SAFETY: the same values, initialised (by the caller, or just above).
+                let out = unsafe { std::slice::from_raw_parts_mut(first, len) };
                 for p in &partials {
-                    add_assign(out, &p[at..at + out.len()]);
+                    add_assign(out, &p[at..at + len]);
                 }
             });
     }
@@ -262,10 +296,12 @@ mod tests {
 
     #[test]
     fn products_cut_into_shares_match_a_naive_product() {
-        // Many rows: blocks of rows; few rows and a long inner dimension: partial products.
+        // Many rows: blocks of rows; few rows and a long inner dimension: partial products;
+        // many columns: blocks of columns; a small product: one share.
         for (m, k, n, ta) in [
             (1000, 40, 30, false),
             (30, 1000, 40, true),
+            (40, 30, 1100, false),
             (45, 800, 7, false),
         ] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
@@ -277,6 +313,7 @@ mod tests {
             };
             let bm = Mat::new(&b, k, n);
             let want = naive(am, bm);
+            assert_eq!(product(am, bm), want, "a new buffer, {m}x{k}x{n}");
             let mut out = vec![1.0; m * n];
             matmul(&mut out, am, bm, false);
             assert_eq!(out, want, "{m}x{k}x{n}");

@@ -261,11 +261,8 @@ fn linear_matches_its_definition_and_its_backward_finite_differences() {
     let x = random(n * d_in, 10);
     let (weight, bias) = (random(d_in * d_out, 11), random(d_out, 12));
     let r = random(n * d_out, 13); // loss = sum(y * r)
-    let forward = |x: &[f32], w: &[f32], b: &[f32]| {
-        let mut y = vec![0.0; n * d_out];
-        linear::forward(x, Linear::new(w, Some(b), d_out), &mut y);
-        y
-    };
+    let forward =
+        |x: &[f32], w: &[f32], b: &[f32]| linear::forward(x, Linear::new(w, Some(b), d_out));
     let naive: Vec<f32> = (0..n * d_out)
         .map(|k| {
             let (i, j) = (k / d_out, k % d_out);
@@ -278,14 +275,9 @@ fn linear_matches_its_definition_and_its_backward_finite_differences() {
     assert!(max_diff(&forward(&x, &weight, &bias), &naive) < 1e-5);
 
     let loss = |x: &[f32], w: &[f32], b: &[f32]| weighted_sum(&forward(x, w, b), &r);
-    // Stale values in the buffers: the backward writes its gradients, it does not add to them.
-    let (mut dx, mut dw, mut db) = (
-        vec![9.0; x.len()],
-        vec![9.0; weight.len()],
-        vec![9.0; d_out],
-    );
     let l = Linear::new(&weight, Some(&bias), d_out);
-    linear::backward(&r, &x, l, Some(&mut dx), Some(&mut dw), Some(&mut db));
+    let g = linear::backward(&r, &x, l, [true; 3]);
+    let (dx, dw, db) = (g.dx.unwrap(), g.dw.unwrap(), g.db.unwrap());
     check_gradient("dx", |x| loss(x, &weight, &bias), &x, &dx, 0..x.len());
     check_gradient("dw", |w| loss(&x, w, &bias), &weight, &dw, 0..dw.len());
     check_gradient("db", |b| loss(&x, &weight, b), &bias, &db, 0..d_out);
@@ -303,24 +295,13 @@ fn linear_residual_forward_has_the_linear_backward() {
     let (residual, r) = (random(n * d_out, 17), random(n * d_out, 18));
     for bias in [Some(&bias[..]), None] {
         let loss = |x: &[f32], w: &[f32], b: Option<&[f32]>, res: &[f32]| {
-            let mut out = vec![0.0; n * d_out];
-            linear::forward_residual(x, Linear::new(w, b, d_out), res, &mut out);
+            let out = linear::forward_residual(x, Linear::new(w, b, d_out), res);
             weighted_sum(&out, &r)
         };
-        let (mut dx, mut dw, mut db) = (
-            vec![0.0; x.len()],
-            vec![0.0; weight.len()],
-            vec![0.0; d_out],
-        );
         let l = Linear::new(&weight, bias, d_out);
-        linear::backward(
-            &r,
-            &x,
-            l,
-            Some(&mut dx),
-            Some(&mut dw),
-            bias.map(|_| &mut db[..]),
-        );
+        let g = linear::backward(&r, &x, l, [true, true, bias.is_some()]);
+        assert_eq!(g.db.is_some(), bias.is_some());
+        let (dx, dw, db) = (g.dx.unwrap(), g.dw.unwrap(), g.db.unwrap_or_default());
         check_gradient(
             "dx",
             |x| loss(x, &weight, bias, &residual),

@@ -133,12 +133,11 @@ impl Kernel<4> for Linear {
         let d_out = dims(w)[1];
         let (xs, ws, bs) = (floats(x), floats(w), floats(b));
         let layer = linear::Linear::new(&ws, present(b).then_some(&bs[..]), d_out);
-        let mut out = zeros(xs.len() / layer.d_in * d_out);
-        if present(r) {
-            linear::forward_residual(&xs, layer, &floats(r), &mut out);
+        let out = if present(r) {
+            linear::forward_residual(&xs, layer, &floats(r))
         } else {
-            linear::forward(&xs, layer, &mut out);
-        }
+            linear::forward(&xs, layer)
+        };
         let saved = (x.clone(), w.clone(), present(b), present(r));
         (tensor(out, with_last(&shape, d_out)), saved)
     }
@@ -153,17 +152,8 @@ impl Kernel<4> for Linear {
         let (xs, ws, dy) = (floats(&x), floats(&w), floats(&grad));
         let [d_in, d_out] = [dims(&w)[0], dims(&w)[1]];
         let layer = linear::Linear::new(&ws, None, d_out);
-        let mut dx = want_x.then(|| zeros(xs.len()));
-        let mut dw = want_w.then(|| zeros(ws.len()));
-        let mut db = has_bias.then(|| zeros(d_out));
-        linear::backward(
-            &dy,
-            &xs,
-            layer,
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-        );
+        let linear::Grads { dx, dw, db } =
+            linear::backward(&dy, &xs, layer, [want_x, want_w, has_bias]);
         [
             dx.map(|dx| tensor(dx, dims(&x))),
             dw.map(|dw| tensor(dw, [d_in, d_out])),
