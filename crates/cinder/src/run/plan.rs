@@ -16,11 +16,12 @@
 //! checkpoints. Of the shapes that get at least [`STEPS_WANTED`] (or, where none does,
 //! [`MIN_STEPS`]), the one chosen is the one whose tokens per parameter are nearest the target
 //! for its compute ([`target_tokens_per_param`]: more compute, fewer tokens per weight), on a
-//! log scale, counting repeated epochs at a discount ([`effective_tokens`]). A larger text, a
-//! longer budget or a faster machine so moves the choice up the ladder, a smaller text down it.
+//! log scale, counting repeated epochs at a discount ([`effective_tokens`]), and no larger than
+//! the text can use ([`MAX_WEIGHTS_PER_TOKEN`]). A larger text, a longer budget or a faster
+//! machine so moves the choice up the ladder, a smaller text down it.
 //! Where the run is expected to overfit ([`overfits`]: many epochs of a text small beside the
 //! model) it gets dropout and is watched more closely ([`WATCHED`], else [`LIGHT`]). The
-//! constants are fitted to the measured runs of BENCHMARKS.md (sections 24 and 26 to 28), where
+//! constants are fitted to the measured runs of BENCHMARKS.md (sections 24 and 26 to 29), where
 //! the tables and the fit are.
 
 use std::path::Path;
@@ -108,6 +109,19 @@ pub const STEPS_WANTED: u64 = 1000;
 /// where 3 x 96 at 11 epochs reached 1.777 and 4 x 128 at 7.5 1.771 (BENCHMARKS.md, section 27):
 /// with dropout, repeats here kept more of their worth.
 pub const REPEAT_DECAY: f64 = 40.0;
+/// The most weights in the blocks a plan gives each token of its text: past it, a model
+/// learns a small text by heart faster than its repeats are worth, whatever its compute. On a
+/// 0.23 MB text at ten minutes (BENCHMARKS.md, sections 27-29) 4 x 192 at 8.6 weights per token
+/// ended 0.02-0.05 behind 3 x 96 at 1.6 and 4 x 128 at 3.8, which the falling target would
+/// otherwise have passed over; `configs/shakespeare_10min.toml`, our best Shakespeare run, has
+/// 4.7.
+pub const MAX_WEIGHTS_PER_TOKEN: f64 = 5.0;
+
+/// Whether `shape` is too large for a text of `text_tokens` ([`MAX_WEIGHTS_PER_TOKEN`]).
+fn too_large(shape: &Shape, text_tokens: usize) -> bool {
+    shape.params() > MAX_WEIGHTS_PER_TOKEN * text_tokens as f64
+}
+
 /// How closely a run is watched: its evaluations (the last at its end), and the share of the
 /// time left that they may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -355,6 +369,13 @@ pub fn choose(seconds_left: f64, candidates: &[Candidate], fixed: Fixed) -> Opti
         .iter()
         .filter_map(|c| plan_for(c, seconds_left, fixed, None))
         .collect();
+    // Shapes too large for the text only where none is not; then the smallest.
+    let fits = |p: &Plan| !too_large(&p.shape, fixed.train_tokens);
+    let plans: Vec<Plan> = if plans.iter().any(fits) {
+        plans.into_iter().filter(fits).collect()
+    } else {
+        plans.into_iter().take(1).collect()
+    };
     // Shapes short of STEPS_WANTED only where none gets them.
     let enough = plans.iter().any(|p| p.steps >= STEPS_WANTED);
     let score = |p: &Plan| (p.tokens_per_param / p.target).ln().abs();
@@ -584,9 +605,10 @@ pub struct Measured {
 /// Measures `shapes` in turn on `data` with `config`'s other settings: a few steps to warm
 /// up, a few timed, an evaluation of two batches per split and one checkpoint (into `scratch`, which
 /// is removed), and the sample an evaluation writes. Stops before a shape whose steps would take
-/// the measuring past `allowance` seconds or that would get under four fifths of
-/// [`STEPS_WANTED`] in `seconds_left` where a smaller one gets them all, or after one too slow
-/// to get [`MIN_STEPS`]. The first shape is always measured. `say` reports each.
+/// the measuring past `allowance` seconds, that is too large for the text
+/// ([`MAX_WEIGHTS_PER_TOKEN`]) or that would get under four fifths of [`STEPS_WANTED`] in
+/// `seconds_left` where a smaller one gets them all, or after one too slow to get
+/// [`MIN_STEPS`]. The first shape is always measured. `say` reports each.
 #[allow(clippy::too_many_arguments)]
 pub fn measure(
     config: &TrainConfig,
@@ -603,8 +625,13 @@ pub fn measure(
     // The time given to timing one shape's steps: a sixth of the allowance, at least 0.3 s.
     let per_shape = (allowance / 6.0).max(0.3);
     let mut out: Vec<Candidate> = Vec::new();
+    let text_tokens = data.tokens(Split::Train);
     for &shape in shapes {
         if let Some(last) = out.last() {
+            // Shapes only grow along the ladder: none past this one would be chosen.
+            if too_large(&shape, text_tokens) {
+                break;
+            }
             // The next shape's steps, scaled from the last by compute per step.
             let ratio = (shape.params() * shape.tokens_per_step() as f64)
                 / (last.shape.params() * last.shape.tokens_per_step() as f64);
@@ -633,17 +660,22 @@ pub fn measure(
         let mut trainer =
             Trainer::new(c, backend.clone(), data, scratch.to_path_buf())?.with_ops(ops);
         // The first steps allocate and warm the caches; then at least MEASURED_STEPS, more
-        // while they take under `per_shape` (steps on a shared machine are noisy).
+        // while they take under `per_shape`. Steps on a shared machine are noisy, and a few
+        // slow ones made the mean 7-14% above a run's own (BENCHMARKS.md, section 28): the
+        // median is taken.
         for _ in 0..WARM_STEPS {
             trainer.step();
         }
         let t = Instant::now();
-        let mut n = 0;
-        while n < MEASURED_STEPS || (n < 50 && t.elapsed().as_secs_f64() < per_shape) {
+        let mut steps = Vec::new();
+        while steps.len() < MEASURED_STEPS
+            || (steps.len() < 50 && t.elapsed().as_secs_f64() < per_shape)
+        {
+            let one = Instant::now();
             trainer.step();
-            n += 1;
+            steps.push(one.elapsed().as_secs_f64());
         }
-        let step = t.elapsed().as_secs_f64() / n as f64;
+        let step = median(&mut steps);
         // An evaluation writes a sample too: timed on its own.
         let t = Instant::now();
         let _ = trainer.sample();
@@ -680,6 +712,13 @@ pub fn measure(
         candidates: out,
         data,
     })
+}
+
+/// The middle of `values` (the mean of the two middle ones for an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    (values[(n - 1) / 2] + values[n / 2]) / 2.0
 }
 
 /// Plans `config` for its time budget: measures this machine (or, in tests, takes what
@@ -1028,10 +1067,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_longer_budget_buys_a_larger_model_with_fewer_tokens_per_weight() {
-        // ru's speeds as measured on one core (BENCHMARKS.md, section 27: seconds a step, an
-        // evaluation batch, a sample, a checkpoint), and its 1,825,659 training characters.
+    /// ru's speeds as measured on one core (BENCHMARKS.md, section 27: seconds a step, an
+    /// evaluation batch, a sample, a checkpoint).
+    fn one_core() -> Vec<Candidate> {
         let measured = [
             (0.012, 0.003, 0.006, 0.005),
             (0.026, 0.006, 0.007, 0.008),
@@ -1040,7 +1078,7 @@ mod tests {
             (0.118, 0.026, 0.033, 0.016),
             (0.332, 0.071, 0.070, 0.033),
         ];
-        let c: Vec<Candidate> = LADDER
+        LADDER
             .iter()
             .zip(measured)
             .map(|(&shape, (step, eval_batch, sample, save))| Candidate {
@@ -1052,7 +1090,13 @@ mod tests {
                     sample,
                 },
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_longer_budget_buys_a_larger_model_with_fewer_tokens_per_weight() {
+        // ru's 1,825,659 training characters.
+        let c = one_core();
         let flags = Overrides::default();
         // Worked out by hand: in 112 s, 3 x 96 at context 128 gets 2,685 steps, 8.3 tokens per
         // weight against a target of 8.6; in 575 s, 4 x 192 gets 1,662, 1.9 against 2.0.
@@ -1062,6 +1106,24 @@ mod tests {
         assert_eq!((ten.shape, ten.steps), (LADDER[5], 1662), "{ten:?}");
         assert!(ten.tokens_per_param < two.tokens_per_param / 3.0);
         assert_eq!((two.dropout, ten.dropout), (0.0, 0.0));
+    }
+
+    #[test]
+    fn no_model_is_larger_than_its_text_can_use() {
+        let c = one_core();
+        let flags = Overrides::default();
+        // de_witze's 204,596 training characters: in ten minutes the target alone would choose
+        // 4 x 192 (1.77M weights, 8.6 a token of text); the cap keeps 4 x 128 (0.79M, 3.8).
+        let ten = choose(575.0, &c, on(204_596, &flags)).unwrap();
+        assert_eq!(ten.shape, LADDER[4], "{ten:?}");
+        assert!(!too_large(&ten.shape, 204_596));
+        assert!(too_large(&LADDER[5], 204_596));
+        let uncapped = plan_for(&c[5], 575.0, on(204_596, &flags), None).unwrap();
+        let score = |p: &Plan| (p.tokens_per_param / p.target).ln().abs();
+        assert!(score(&uncapped) < score(&ten), "{uncapped:?}\n{ten:?}");
+        // A text too small for every shape gets the smallest.
+        let tiny = choose(575.0, &c, on(5_000, &flags)).unwrap();
+        assert_eq!(tiny.shape, LADDER[0], "{tiny:?}");
     }
 
     #[test]
