@@ -44,12 +44,7 @@ pub fn forward(x: &[f32], l: Linear) -> Vec<f32> {
     let n = x.len() / l.d_in;
     match l.bias {
         Some(b) => {
-            let mut out = vec![0.0; n * l.d_out];
-            rows::each_mut(&mut out, l.d_out, |o| {
-                for row in o.chunks_exact_mut(b.len()) {
-                    row.copy_from_slice(b);
-                }
-            });
+            let mut out = b.repeat(n);
             matmul(&mut out, Mat::new(x, n, l.d_in), l.w(), true);
             out
         }

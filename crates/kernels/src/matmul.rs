@@ -132,7 +132,9 @@ pub fn product(a: Mat, b: Mat) -> Vec<f32> {
     // `accumulate` false, matmul_raw writes every value before anything reads it: gemm with
     // `read_dst` false stores its first pass over the inner dimension and adds later passes to
     // what it stored, and partial products are summed into values first set to zero. So all
-    // `len` values are initialised when the length is set.
+    // `len` values are initialised when the length is set. (For a one-row product gemm's
+    // matrix-vector path makes a `&mut [f32]` of the output before writing it, which Rust has
+    // not yet said is allowed for memory not yet written; it only writes through it.)
     unsafe {
         matmul_raw(out.as_mut_ptr(), a, b, false);
         out.set_len(len);
@@ -150,20 +152,23 @@ unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
     assert_eq!(b.rows, k, "inner dimensions differ");
     let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
     if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2 && col_shares < 2) {
-        strided_matmul(out, (n as isize, 1), a, b, accumulate);
+        // SAFETY: the whole output, as this function's caller promises.
+        unsafe { strided_matmul(out, (n as isize, 1), a, b, accumulate) };
     } else if row_shares >= 2 {
         let rows = m.div_ceil(row_shares);
         let ptr = SharedMut(out);
         (0..row_shares).into_par_iter().for_each(|i| {
             let r = i * rows..((i + 1) * rows).min(m);
             // SAFETY: rows r of `out` belong to this share alone.
-            strided_matmul(
-                ptr.at(r.start * n),
-                (n as isize, 1),
-                a.rows(r),
-                b,
-                accumulate,
-            );
+            unsafe {
+                strided_matmul(
+                    ptr.at(r.start * n),
+                    (n as isize, 1),
+                    a.rows(r),
+                    b,
+                    accumulate,
+                )
+            };
         });
     } else if inner_shares < 2 {
         let cols = n.div_ceil(col_shares);
@@ -171,7 +176,7 @@ unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
         (0..col_shares).into_par_iter().for_each(|j| {
             let c = j * cols..((j + 1) * cols).min(n);
             // SAFETY: columns c of `out` belong to this share alone.
-            strided_matmul(ptr.at(c.start), (n as isize, 1), a, b.cols(c), accumulate);
+            unsafe { strided_matmul(ptr.at(c.start), (n as isize, 1), a, b.cols(c), accumulate) };
         });
     } else {
         let inner = k.div_ceil(inner_shares);
@@ -181,7 +186,8 @@ unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
                 let r = i * inner..((i + 1) * inner).min(k);
                 let mut part = vec![0.0f32; m * n];
                 let (a, b) = (a.cols(r.clone()), b.rows(r));
-                strided_matmul(part.as_mut_ptr(), (n as isize, 1), a, b, false);
+                // SAFETY: `part` holds the m x n values, and is this task's own.
+                unsafe { strided_matmul(part.as_mut_ptr(), (n as isize, 1), a, b, false) };
                 part
             })
             .collect();
@@ -239,10 +245,17 @@ pub unsafe fn matmul_into_strided(
 ) {
     assert_eq!(b.rows, a.cols, "inner dimensions differ");
     let stride = (stride.0 as isize, stride.1 as isize);
-    strided_matmul(out, stride, a, b, accumulate);
+    // SAFETY: as this function's caller promises.
+    unsafe { strided_matmul(out, stride, a, b, accumulate) };
 }
 
-fn strided_matmul(
+/// `out = a · b` (or `+=`) on this thread, by gemm.
+///
+/// # Safety
+/// `out` must be valid for writes at every `i * out_rs + j * out_cs` for `i < a.rows`,
+/// `j < b.cols`, those values initialised when `accumulate`, and no other thread may touch
+/// them during the call.
+unsafe fn strided_matmul(
     out: *mut f32,
     (out_rs, out_cs): (isize, isize),
     a: Mat,
@@ -251,8 +264,8 @@ fn strided_matmul(
 ) {
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
-    // SAFETY: the shapes were checked against the slices (Mat::new) and the output by the
-    // callers; gemm reads a and b within those bounds and writes out within its m x n block.
+    // SAFETY: a and b are within their slices (checked by Mat), the output as the caller
+    // promises; gemm reads a and b within those bounds and writes out within its m x n block.
     unsafe {
         gemm::gemm(
             a.rows,
@@ -303,6 +316,8 @@ mod tests {
             (30, 1000, 40, true),
             (40, 30, 1100, false),
             (45, 800, 7, false),
+            (1, 300, 50, false),
+            (6, 0, 9, false),
         ] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
