@@ -81,7 +81,8 @@ impl TokenizerChoice {
     }
 }
 
-/// A run's data ready for training.
+/// A run's data ready for training. A clone shares the token ids ([`Splits`]).
+#[derive(Clone)]
 pub struct TrainingData {
     /// What was given: text files and folders of them, or one prepared folder.
     pub paths: Vec<PathBuf>,

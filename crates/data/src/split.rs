@@ -1,5 +1,7 @@
 //! The encoded text cut in two: the first part trains, the rest measures generalisation.
 
+use std::sync::Arc;
+
 /// Which part of the text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Split {
@@ -100,11 +102,12 @@ impl Store {
     }
 }
 
-/// The token ids of a text, cut in two: training and validation.
-#[derive(Debug)]
+/// The token ids of a text, cut in two: training and validation. A clone shares the ids (so
+/// that several trainers, measuring shapes side by side, read one copy).
+#[derive(Debug, Clone)]
 pub struct Splits {
-    train: Store,
-    val: Store,
+    train: Arc<Store>,
+    val: Arc<Store>,
 }
 
 impl Splits {
@@ -126,7 +129,10 @@ impl Splits {
 
     /// The two parts as they are stored; each must hold one window of `block_size + 1`.
     pub fn from_parts(train: Store, val: Store, block_size: usize) -> Result<Self, SplitError> {
-        let splits = Self { train, val };
+        let splits = Self {
+            train: Arc::new(train),
+            val: Arc::new(val),
+        };
         for split in [Split::Train, Split::Val] {
             let len = splits.get(split).len();
             if len < block_size + 1 {

@@ -185,22 +185,18 @@ fn start_new(
         )?,
     };
     report_data(&data, say);
-    let data = if config.time_budget.seconds().is_some() {
-        let fixed = &req.overrides;
-        let (data, _) = plan::fit(
+    if config.time_budget.seconds().is_some() {
+        plan::fit(
             &mut config,
-            fixed,
-            data,
+            &req.overrides,
+            &data,
             req.started,
             &backend,
             req.ops,
             &out,
             say,
         )?;
-        data
-    } else {
-        data
-    };
+    }
     let source = file.map_or("built in".into(), |f| f.display().to_string());
     let planned = if config.time_budget.seconds().is_some() {
         ", with the shape and schedule chosen for the time budget"

@@ -419,16 +419,6 @@ impl Trainer {
         self.save(name, None, &mut ())
     }
 
-    /// The run's data, given back (measuring a shape borrows it).
-    pub fn into_data(self) -> TrainingData {
-        TrainingData {
-            paths: self.data_paths,
-            tokenizer: self.tokenizer,
-            splits: self.splits,
-            identity: self.data_identity,
-        }
-    }
-
     /// Writes the checkpoint `name` of the run folder.
     fn save(
         &self,
