@@ -28,7 +28,7 @@ fn gpu(bin: &str) -> Command {
     let dir = std::env::var_os("CINDER_GPU_BINARIES").unwrap_or_else(|| {
         panic!(
             "set CINDER_GPU_BINARIES to the folder of the binaries built with \
-             `cargo build --release -p cinder --no-default-features --features wgpu`"
+             `cargo build --profile gpu-check -p cinder --no-default-features --features wgpu`"
         )
     });
     let mut cmd = Command::new(Path::new(&dir).join(bin));
