@@ -80,6 +80,16 @@ impl Backend {
     pub fn gpu() -> Result<Self, DeviceError> {
         #[cfg(feature = "wgpu")]
         {
+            // One stream for the whole process. CubeCL gives each OS thread a stream of its own
+            // by default, and a training step runs on whichever of rayon's threads takes it
+            // (`run::pool`), so consecutive steps ran on different streams, and the hand-over
+            // between them sometimes let a step read a stale buffer: resumed on lavapipe with
+            // the same tuned kernels, 3 runs in 10 took a step 0.05 apart, and 0 in 10 on one
+            // stream (BENCHMARKS.md, section 31). cinder submits from one thread at a time, so a
+            // single stream loses no concurrency.
+            cubecl_environment::stream::set_policy(
+                cubecl_environment::stream::StreamPolicy::Single,
+            );
             let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
             probe(&device)?;
             return Ok(Self {

@@ -58,21 +58,18 @@ fn copy_run(from: &Path, to: &Path) {
 }
 
 /// Trains `flags` (which stop at step 10) on the CPU, then resumes that run to step 14 on the CPU (in
-/// `dir/cpu`) and on the GPU (in `dir/gpu-1`), and checks that the two took the same steps: the
+/// `dir/cpu`) and on the GPU (in `dir/gpu`), and checks that the two took the same steps: the
 /// train losses of steps 11-14 and the last validation loss agree within 1e-3.
 ///
-/// wgpu tunes its kernels on their first uses, and on lavapipe a step taken meanwhile was seen to
-/// differ (by 0.017, 2 runs in 15). The GPU first resumes a throwaway copy of the run, so that
-/// the tuned choices are cached on disk and the compared run starts on settled kernels. The
-/// choices themselves depend on timing, and some leave a step apart (always by the same few
-/// amounts: 0.014 at step 12, 0.04 at step 14), in about 1 attempt in 3 here: so each attempt
-/// (`dir/gpu-1`, then `gpu-2` and `gpu-3` while they differ) tunes afresh, in a cache of its
-/// own (CubeCL's `cubecl.toml` in the folder the GPU runs from puts it there), and one of three
-/// must agree. A real disagreement, which does not depend on timing, fails all three.
+/// wgpu tunes its kernels by timing them on their first uses, so the GPU's choices differ from
+/// run to run; the steps do not (8 runs in 8 agreed with the CPU to 1e-6, each tuning afresh).
+/// They did differ, by 0.05, while each OS thread had a CubeCL stream of its own: 3 runs in 10
+/// with the same tuned kernels, which the retries this test had then made pass (BENCHMARKS.md,
+/// section 31). So one run must agree.
 fn cpu_and_gpu_steps_agree(dir: &Path, flags: &[String]) -> [PathBuf; 2] {
     let corpus = corpus_in(dir);
     let on_cpu = dir.join("cpu");
-    let at_ten = dir.join("step-10");
+    let on_gpu = dir.join("gpu");
     cpu("train")
         .current_dir(dir)
         .args(flags)
@@ -82,62 +79,42 @@ fn cpu_and_gpu_steps_agree(dir: &Path, flags: &[String]) -> [PathBuf; 2] {
         .arg(&on_cpu)
         .assert()
         .success();
-    copy_run(&on_cpu, &at_ten);
-    // Resumes `run` to step 14 from the folder `place`.
-    let resume = |mut train: Command, place: &Path, run: &Path| {
+    copy_run(&on_cpu, &on_gpu);
+    // Resumes `run` to step 14.
+    let resume = |mut train: Command, run: &Path| {
         train
-            .current_dir(place)
+            .current_dir(dir)
             .args(["--max-iters", "14", "--quiet", "--resume"])
             .arg(run)
             .assert()
             .success();
     };
-    resume(cpu("train"), dir, &on_cpu);
+    resume(cpu("train"), &on_cpu);
+    resume(gpu("train"), &on_gpu);
     let resumed = |run: &Path| -> Vec<_> {
         let rows = metrics::read(&run.join("metrics.csv")).unwrap();
         let rows = rows.into_iter().filter(|r| r.iter > 10);
         rows.map(|r| (r.iter, r.train_loss, r.val_loss)).collect()
     };
-    let a = resumed(&on_cpu);
+    let (a, b) = (resumed(&on_cpu), resumed(&on_gpu));
     let iters: Vec<u64> = a.iter().map(|r| r.0).collect();
     assert_eq!(iters, [11, 12, 13, 14], "cpu {a:?}");
     assert!(
         a.iter().any(|r| r.2.is_some()),
         "no evaluation after the resume: {a:?}"
     );
+    assert_eq!(a.len(), b.len(), "cpu {a:?}\ngpu {b:?}");
     let close = |p: f32, q: f32| (p - q).abs() < 1e-3;
-    const ATTEMPTS: usize = 3;
-    for attempt in 1..=ATTEMPTS {
-        let place = dir.join(format!("gpu-{attempt}"));
-        std::fs::create_dir_all(&place).unwrap();
-        let local_cache = "[environment]\npath = \"local\"\n";
-        std::fs::write(place.join("cubecl.toml"), local_cache).unwrap();
-        let warm_up = place.join("warm-up");
-        copy_run(&at_ten, &warm_up);
-        resume(gpu("train"), &place, &warm_up);
-        let on_gpu = place.join("run");
-        copy_run(&at_ten, &on_gpu);
-        resume(gpu("train"), &place, &on_gpu);
-        let b = resumed(&on_gpu);
-        let apart = (a.len() != b.len())
-            .then(|| format!("cpu {a:?}\ngpu {b:?}"))
-            .or_else(|| {
-                a.iter().zip(&b).find_map(|(x, y)| {
-                    let same_val = x.2.is_some() == y.2.is_some()
-                        && x.2.zip(y.2).is_none_or(|(p, q)| close(p, q));
-                    (!(x.0 == y.0 && close(x.1, y.1) && same_val))
-                        .then(|| format!("iteration {}: cpu {x:?} gpu {y:?}", x.0))
-                })
-            });
-        match apart {
-            None => return [on_cpu, on_gpu],
-            Some(why) if attempt < ATTEMPTS => {
-                eprintln!("the GPU's resume {attempt} differs, again: {why}")
-            }
-            Some(why) => panic!("{why}"),
-        }
+    for (x, y) in a.iter().zip(&b) {
+        let same_val =
+            x.2.is_some() == y.2.is_some() && x.2.zip(y.2).is_none_or(|(p, q)| close(p, q));
+        assert!(
+            x.0 == y.0 && close(x.1, y.1) && same_val,
+            "iteration {}: cpu {x:?} gpu {y:?}",
+            x.0
+        );
     }
-    unreachable!("the last attempt returns or fails")
+    [on_cpu, on_gpu]
 }
 
 /// The loss `evaluate` prints for `checkpoint`.

@@ -728,6 +728,7 @@ pub fn measure(
     let mut timings: Vec<Timing> = Vec::new();
     let mut others = Vec::new();
     let text_tokens = data.tokens(Split::Train);
+    let gets_min_steps = |t: &Timing| seconds_left / t.step_seconds() >= MIN_STEPS as f64;
     for &shape in shapes {
         if let Some(last) = timings.last() {
             // Shapes only grow along the ladder: none past this one would be chosen.
@@ -764,7 +765,7 @@ pub fn measure(
         let clock = Instant::now();
         t.trainer.save_checkpoint(crate::storage::names::LATEST)?;
         let save = clock.elapsed().as_secs_f64();
-        let step = t.step_seconds();
+        let (step, last) = (t.step_seconds(), !gets_min_steps(&t));
         say(format!(
             "  {shape}, batch {}: {} a step, {} an evaluation batch, {} a sample, {} a \
              checkpoint",
@@ -776,14 +777,14 @@ pub fn measure(
         ));
         timings.push(t);
         others.push((eval_batch, save, sample));
-        if seconds_left / step < MIN_STEPS as f64 {
+        if last {
             break;
         }
     }
     // Side by side, the shapes that may be chosen (the last may be too slow for MIN_STEPS).
     let choosable = timings
         .iter()
-        .take_while(|t| seconds_left / t.step_seconds() >= MIN_STEPS as f64)
+        .take_while(|t| gets_min_steps(t))
         .count()
         .max(1);
     side_by_side(&mut timings[..choosable], started, allowance);
