@@ -83,7 +83,7 @@ impl Backend {
             // One stream for the whole process. CubeCL gives each OS thread a stream of its own
             // by default, and a training step runs on whichever of rayon's threads takes it
             // (`run::pool`), so consecutive steps ran on different streams, and the hand-over
-            // between them sometimes let a step read a stale buffer: resumed on lavapipe with
+            // between them sometimes changed a step (a race, we infer): resumed on lavapipe with
             // the same tuned kernels, 3 runs in 10 took a step 0.05 apart, and 0 in 10 on one
             // stream (BENCHMARKS.md, section 31). cinder submits from one thread at a time, so a
             // single stream loses no concurrency.
