@@ -71,7 +71,7 @@ fn main() -> anyhow::Result<()> {
     );
     for (name, use_cache) in [("sliding cache", true), ("exact windows", false)] {
         let started = std::time::Instant::now();
-        let mut decoder = Decoder::new(&loaded.model, use_cache, &device);
+        let mut decoder = Decoder::new(&loaded.model, use_cache, &device, n);
         decoder.join(segments.iter().map(|s| s[..1].to_vec()));
         // Loss sums and counts: within the context (a token predicted from at most block_size
         // tokens: the whole text so far) and past it.

@@ -42,8 +42,8 @@ fn compare_decoders(
         .collect();
     let with = |(ops, _): (Ops, bool)| model.clone().with_ops(ops);
     let (a_model, b_model) = (with(tested), with(reference));
-    let mut a_decoder = Decoder::new(&a_model, tested.1, &device);
-    let mut b_decoder = Decoder::new(&b_model, reference.1, &device);
+    let mut a_decoder = Decoder::new(&a_model, tested.1, &device, texts.len());
+    let mut b_decoder = Decoder::new(&b_model, reference.1, &device, texts.len());
     a_decoder.join(texts.clone());
     b_decoder.join(texts.clone());
     for step in 0..21 {
@@ -85,7 +85,8 @@ fn check_against_full_forward(ops: Ops, use_cache: bool) {
 
 /// Rows that join and leave a decoder at their own times, each at its own length, get the
 /// logits each would get decoded alone, on both paths, learned and rotary positions, past
-/// block_size, with rows joining after others left.
+/// block_size, with rows joining after others left: into the places they freed, in a cache
+/// made once for the 4 rows there are at most.
 #[test]
 fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
     let device = common::backend().device;
@@ -111,7 +112,7 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
             .collect();
         let alone: Vec<Vec<Vec<f32>>> = (0..6)
             .map(|k| {
-                let mut d = Decoder::new(&model, true, &device);
+                let mut d = Decoder::new(&model, true, &device, 1);
                 d.join([prompts[k].clone()]);
                 (0..12)
                     .map(|i| {
@@ -122,7 +123,8 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
                     .collect()
             })
             .collect();
-        let mut together = Decoder::new(&model, true, &device);
+        let mut together = Decoder::new(&model, true, &device, 4);
+        let mut bytes = None; // the cache's, once made
         let mut rows: Vec<(usize, usize)> = Vec::new(); // (row's text k, steps done)
         for step in 0..30 {
             if step % 3 == 0 && step / 3 < 6 {
@@ -133,6 +135,8 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
                 continue;
             }
             let logits = together.next_logits();
+            let made = *bytes.get_or_insert(together.cache_bytes());
+            assert_eq!(together.cache_bytes(), made, "step {step}: the cache grew");
             let v = logits.len() / rows.len();
             for (row, (k, done)) in rows.iter_mut().enumerate() {
                 let got = &logits[row * v..(row + 1) * v];

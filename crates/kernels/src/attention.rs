@@ -259,32 +259,38 @@ pub struct CachedShape {
     pub samples: usize,
     /// New positions per text.
     pub new: usize,
-    /// Positions the cache holds.
+    /// Positions the cache holds for each text.
     pub block: usize,
+    /// Texts the cache has room for: its places, one per text, some of them free.
+    pub places: usize,
     pub layout: QkvLayout,
 }
 
 /// Attention for inference over a key/value cache: the new positions' keys and values are
-/// written into the cache, after the `starts[t]` positions text `t` has there already (each
-/// text its own length; [`crate::start_of`]), and each new query attends to every position of
-/// its text up to its own that the cache holds (the last `block`, past them: see below). With
-/// `last_only`, only each text's last query is computed (all a sampler needs of the last
-/// block).
+/// written into text `t`'s place in the cache, `places[t]`, after the `starts[t]` positions it
+/// has there already (each text its own length; [`crate::start_of`]), and each new query
+/// attends to every position of its text up to its own that the cache holds (the last `block`,
+/// past them: see below). The other places are neither read nor written: texts join a free
+/// place and leave one without moving the others. With `last_only`, only each text's last query
+/// is computed (all a sampler needs of the last block).
 ///
 /// The cache is a ring: position `p` sits in slot `p % block`. A text past `block` positions
 /// (one new position per pass, then) writes over its oldest and attends to its last `block`:
 /// the sliding window of rotary positions, whose keys carry only their distance to the query.
 ///
 /// # Shapes
-/// - qkv: `[S, new, W]` (as `s.layout` says); keys, values: `[S, block, KV]`, the key/value
-///   heads side by side; starts: `[S]` or `[0]`
+/// - qkv: `[S, new, W]` (as `s.layout` says); keys, values: `[P, block, KV]`, the key/value
+///   heads side by side (`P`: `s.places`); starts: `[S]` or `[0]`; places: `[S]`, distinct,
+///   each below `P`
 /// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only` (`C` the queries' width)
+#[allow(clippy::too_many_arguments)] // the slices, and what says where they lie
 pub fn forward_cached(
     qkv: &[f32],
     keys: &mut [f32],
     values: &mut [f32],
     s: CachedShape,
     starts: &[usize],
+    places: &[usize],
     last_only: bool,
     y: &mut [f32],
 ) {
@@ -296,12 +302,20 @@ pub fn forward_cached(
         "a pass fits in the cache's block positions, or slides it by one"
     );
     assert_eq!(qkv.len(), s.samples * n * w);
-    assert_eq!(keys.len(), s.samples * s.block * kv);
+    assert_eq!(keys.len(), s.places * s.block * kv);
     assert_eq!(values.len(), keys.len());
+    assert_eq!(places.len(), s.samples, "one place per text");
+    let mut sorted = places.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert!(
+        sorted.len() == places.len() && sorted.last().is_none_or(|&p| p < s.places),
+        "each text has a place of its own in the cache"
+    );
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
     for (r, row) in qkv.chunks_exact(w).enumerate() {
-        let at = ((r / n) * s.block + (start(r / n) + r % n) % s.block) * kv;
+        let at = (places[r / n] * s.block + (start(r / n) + r % n) % s.block) * kv;
         keys[at..at + kv].copy_from_slice(&row[l.k()]);
         values[at..at + kv].copy_from_slice(&row[l.v()]);
     }
@@ -332,7 +346,8 @@ pub fn forward_cached(
         .for_each_init(Vec::new, |weights, (row, out)| {
             let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
             let q = &qkv[(sample * n + i) * w..][l.q()];
-            let cache = sample * s.block * kv..(sample + 1) * s.block * kv; // [block, KV]
+            let place = places[sample];
+            let cache = place * s.block * kv..(place + 1) * s.block * kv; // [block, KV]
             // Past block positions, every slot: the last block, in ring order (the sums ignore it).
             let seen = (start(sample) + i + 1).min(s.block);
             weights.resize(l.n_head * seen, 0.0);

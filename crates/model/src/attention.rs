@@ -17,32 +17,33 @@ use crate::init::{self, INIT_STD};
 #[cfg(feature = "flex")]
 use crate::ops::fused;
 use crate::ops::{self, Pass, Site, fused_or};
-use cinder_kernels::{QkvLayout, position_rows};
+use cinder_kernels::QkvLayout;
 
 /// What a pass through the blocks keeps besides the residual stream: the one switch between
 /// training and evaluation, cached sampling, and `inspect`'s attention maps.
 pub(crate) enum Keep<'a> {
     /// Nothing: every position attends over the pass's own tokens (training, evaluation).
     Nothing,
-    /// The tokens follow those in the cache, which is extended with theirs; only the last
-    /// position leaves the last block (the next token's logits are all a sampler needs).
-    Cache(&'a mut KvCache),
+    /// Row `b`'s tokens follow those of the text in place `places[b]` of the cache, which is
+    /// extended with theirs; only the last position leaves the last block (the next token's
+    /// logits are all a sampler needs).
+    Cache(&'a mut KvCache, &'a [usize]),
     /// Every layer's attention weights, `[B, H, T, T]` each, are recorded (composite path).
     Weights(&'a mut Vec<Tensor<4>>),
 }
 
 impl Keep<'_> {
-    /// Each row's first position in a pass over `rows` rows (none when all start at 0).
-    pub fn starts(&self, rows: usize) -> Vec<usize> {
+    /// Each row's first position (none when all start at 0).
+    pub fn starts(&self) -> Vec<usize> {
         match self {
-            Keep::Cache(cache) => cache.starts(rows),
+            Keep::Cache(cache, places) => cache.starts(places),
             _ => Vec::new(),
         }
     }
 
     /// Whether only the last position goes on after block `layer`'s attention.
     fn last_only(&self, layer: usize) -> bool {
-        matches!(self, Keep::Cache(cache) if layer + 1 == cache.n_layer())
+        matches!(self, Keep::Cache(cache, _) if layer + 1 == cache.n_layer())
     }
 }
 
@@ -113,7 +114,7 @@ impl CausalSelfAttention {
         keep: &mut Keep,
     ) -> Tensor<3> {
         let qkv = ops::linear(&self.c_attn, x, pass); // (B, T, W)
-        let starts = keep.starts(qkv.dims()[0]);
+        let starts = keep.starts();
         let qkv = ops::rotate_qk(qkv, self.layout, &starts, self.rope, self.qk_norm, pass);
         let last_only = keep.last_only(layer);
         let mut y = self.mix(qkv, pass, layer, keep, last_only);
@@ -147,12 +148,12 @@ impl CausalSelfAttention {
                 },
                 composite => self.composite(qkv, None, &[], pass).0,
             ),
-            Keep::Cache(cache) => {
-                let starts = cache.starts(qkv.dims()[0]);
+            Keep::Cache(cache, places) => {
+                let starts = cache.starts(places);
                 let kv = cache.take(layer, &qkv, self.layout);
                 let (y, kv) = fused_or!(pass.fused,
-                    fused => fused::cached_attention(qkv, kv, &starts, self.layout, last_only),
-                    composite => self.composite_cached(qkv, kv, &starts, pass),
+                    fused => fused::cached_attention(qkv, kv, &starts, places, self.layout, last_only),
+                    composite => self.composite_cached(qkv, kv, &starts, places, pass),
                 );
                 cache.put(layer, kv);
                 y
@@ -166,35 +167,50 @@ impl CausalSelfAttention {
     }
 
     /// The composite attention over the keys and values of the tokens seen before (`kv`, the
-    /// cache's `[B, block, KV]` buffers, `starts[b]` positions of row `b` filled), which are
-    /// written in: position `p` at slot `p % block`, a ring, as the fused kernel does
-    /// (`cinder_kernels::attention::forward_cached`).
+    /// cache's `[P, block, KV]` buffers: row `b`'s text in place `places[b]`, its first
+    /// `starts[b]` positions filled), which are written in: position `p` at slot `p % block`, a
+    /// ring, as the fused kernel does (`cinder_kernels::attention::forward_cached`).
     fn composite_cached(
         &self,
         qkv: Tensor<3>,
         (keys, values): LayerKv,
         starts: &[usize],
+        places: &[usize],
         pass: Pass,
     ) -> (Tensor<3>, LayerKv) {
         let [b, t, _] = qkv.dims();
         let (kv, block) = (self.layout.kv_width(), keys.dims()[1]);
-        let slots: Vec<usize> = position_rows(starts).iter().map(|s| s % block).collect();
+        let slots: Vec<usize> = starts.iter().map(|s| s % block).collect();
+        // Rows in places side by side, in order (a text's samples): one slice for all.
+        let first = places[0];
+        let run = places.iter().enumerate().all(|(r, &p)| p == first + r);
         let write = |mut buffer: Tensor<3>, part: std::ops::Range<usize>| {
             let new = qkv.clone().narrow(2, part.start, kv); // (B, T, KV)
-            if slots.iter().all(|&s| s == slots[0]) {
+            if run && slots.iter().all(|&s| s == slots[0]) {
                 let s = slots[0];
-                return buffer.slice_assign([0..b, s..s + t, 0..kv], new);
+                return buffer.slice_assign([first..first + b, s..s + t, 0..kv], new);
             }
-            for (r, &s) in slots.iter().enumerate() {
+            for (r, (&p, &s)) in places.iter().zip(&slots).enumerate() {
                 let row = new.clone().narrow(0, r, 1);
-                buffer = buffer.slice_assign([r..r + 1, s..s + t, 0..kv], row);
+                buffer = buffer.slice_assign([p..p + 1, s..s + t, 0..kv], row);
             }
             buffer
         };
         let (keys, values) = (write(keys, self.layout.k()), write(values, self.layout.v()));
         // Past block positions a row sees every slot: its last block, in ring order.
         let end = (starts.iter().max().copied().unwrap_or(0) + t).min(block);
-        let seen = |buffer: &Tensor<3>| buffer.clone().narrow(1, 0, end);
+        let seen = |buffer: &Tensor<3>| {
+            let rows = if run {
+                buffer.clone().narrow(0, first, b)
+            } else {
+                let places: Vec<i64> = places.iter().map(|&p| p as i64).collect();
+                let places = TensorData::new(places, [b]);
+                buffer
+                    .clone()
+                    .select(0, Tensor::<1, Int>::from_data(places, &buffer.device()))
+            };
+            rows.narrow(1, 0, end)
+        };
         let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), starts, pass);
         (y, (keys, values))
     }

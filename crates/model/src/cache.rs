@@ -1,63 +1,88 @@
-//! The key/value cache for sampling: each layer's keys and values of the tokens already seen.
+//! The key/value cache for sampling: each layer's keys and values of the tokens already seen,
+//! in one place per text.
 
 use burn::prelude::*;
 use cinder_kernels::QkvLayout;
 
-/// One layer's keys and values, `[B, block_size, KV]` each, the key/value heads side by side
-/// (`cinder_kernels::QkvLayout::kv_width`); row `b`'s positions `..lens[b]` are in slots
-/// `p % block_size` (its last `block_size`).
+/// One layer's keys and values, `[P, block_size, KV]` each (`P` places), the key/value heads
+/// side by side (`cinder_kernels::QkvLayout::kv_width`); the text in place `p` keeps its
+/// positions `..lens[p]` in slots `position % block_size` (its last `block_size`).
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 
-/// Keys and values of every layer for the tokens already fed through [`crate::Gpt::forward_cached`],
-/// one row per text.
+/// Keys and values of every layer for the tokens already fed through
+/// [`crate::Gpt::forward_cached`], for texts decoded together, each in a place of its own.
 ///
-/// The buffers are allocated once, for `block_size` positions (the learned position
-/// embeddings), and written in place by the fused layers (by `slice_assign` on the composite
-/// ones). Each row holds its own number of positions: texts decoded together may have started
-/// at different times. Rows leave ([`KvCache::retain_rows`]) and join ([`KvCache::append`])
-/// between passes. Past `block_size`, a cache of rotary positions slides: position `p` is
-/// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]); with learned
-/// positions a sampler starts a new cache over the last window.
+/// The buffers are allocated once, for the places asked for and `block_size` positions each
+/// (the model's context), and written in place (by `slice_assign` on the composite layers). A
+/// text takes a free place when it joins ([`KvCache::claim`]) and gives it back when it
+/// leaves ([`KvCache::release`]): no other text's keys move, and nothing is allocated while
+/// texts come and go within the places there are. Only a text beyond them grows the buffers.
+/// Each text holds its own number of positions: texts decoded together may have started at
+/// different times. Past `block_size`, a cache of rotary positions slides: position `p` is
+/// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
-    /// Positions the buffers hold (the model's context).
+    /// Positions each place holds (the model's context).
     block_size: usize,
-    /// Positions each row has seen (the position of its next token; past `block_size`, the
-    /// cache holds the last `block_size` of them); none before the first pass.
-    lens: Vec<usize>,
+    /// Positions the text in each place has seen (the position of its next token; past
+    /// `block_size`, the place holds the last `block_size` of them); none for a free place.
+    lens: Vec<Option<usize>>,
 }
 
 impl KvCache {
     /// An empty cache for a model of `n_layer` blocks and a context of `block_size` positions
-    /// ([`crate::Gpt::n_layer`], [`crate::Gpt::block_size`]).
-    pub fn new(n_layer: usize, block_size: usize) -> Self {
+    /// ([`crate::Gpt::n_layer`], [`crate::Gpt::block_size`]), with room for `places` texts (its
+    /// buffers are allocated by the first pass).
+    pub fn new(n_layer: usize, block_size: usize, places: usize) -> Self {
         Self {
             layers: vec![None; n_layer],
             block_size,
-            lens: Vec::new(),
+            lens: vec![None; places],
         }
     }
 
-    /// Positions each row has seen (the position of its next token; past `block_size`, the
-    /// cache holds the last `block_size` of them).
-    pub fn lens(&self) -> &[usize] {
-        &self.lens
+    /// A free place for a new text, which has seen nothing yet: the first free one. With none
+    /// free, the cache grows to twice its places (its buffers with it).
+    pub fn claim(&mut self) -> usize {
+        let place = match self.lens.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                let taken = self.lens.len();
+                self.lens.resize(2 * taken.max(1), None);
+                taken
+            }
+        };
+        self.lens[place] = Some(0);
+        place
     }
 
-    /// Rows (texts) held.
-    pub fn rows(&self) -> usize {
+    /// Frees `place`: its text has left.
+    pub fn release(&mut self, place: usize) {
+        assert!(self.lens[place].is_some(), "place {place} is not taken");
+        self.lens[place] = None;
+    }
+
+    /// Forgets what the text in `place` has seen: it starts again from position 0.
+    pub fn restart(&mut self, place: usize) {
+        assert!(self.lens[place].is_some(), "place {place} is not taken");
+        self.lens[place] = Some(0);
+    }
+
+    /// Positions the text in `place` has seen (the position of its next token; past
+    /// `block_size`, the cache holds the last `block_size` of them); none for a free place.
+    pub fn len(&self, place: usize) -> Option<usize> {
+        self.lens[place]
+    }
+
+    /// Texts the cache has room for, taken or free.
+    pub fn places(&self) -> usize {
         self.lens.len()
     }
 
-    /// Whether no token has been seen yet.
-    pub fn is_empty(&self) -> bool {
-        self.lens.iter().all(|&len| len == 0)
-    }
-
-    /// Forgets every row and position, keeping the buffers for reuse.
+    /// Frees every place, keeping the buffers for reuse.
     pub fn clear(&mut self) {
-        self.lens.clear();
+        self.lens.iter_mut().for_each(|len| *len = None);
     }
 
     /// Number of layers.
@@ -70,7 +95,7 @@ impl KvCache {
         self.block_size
     }
 
-    /// Bytes of keys and values the buffers hold (each layer's two `[B, block_size, KV]`).
+    /// Bytes of keys and values the buffers hold (each layer's two `[P, block_size, KV]`).
     pub fn bytes(&self) -> usize {
         let floats: usize = self
             .layers
@@ -81,87 +106,42 @@ impl KvCache {
         floats * std::mem::size_of::<f32>()
     }
 
-    /// Each row's first position in a pass over `rows` rows (none when all are at 0: see
-    /// `cinder_kernels::start_of`).
-    pub(crate) fn starts(&self, rows: usize) -> Vec<usize> {
-        assert!(
-            self.lens.is_empty() || self.lens.len() == rows,
-            "a pass over a cache feeds every row it holds ({} rows, not {rows})",
-            self.lens.len()
-        );
-        self.lens.clone()
+    /// The first position of each text of a pass over the texts in `places`.
+    pub(crate) fn starts(&self, places: &[usize]) -> Vec<usize> {
+        places
+            .iter()
+            .map(|&p| self.lens[p].unwrap_or_else(|| panic!("place {p} is not taken")))
+            .collect()
     }
 
-    /// Records that a pass added `t_new` positions to each of `rows` rows.
-    pub(crate) fn advance(&mut self, rows: usize, t_new: usize) {
-        if self.lens.is_empty() {
-            self.lens = vec![0; rows];
+    /// Records that a pass added `t_new` positions to the texts in `places`.
+    pub(crate) fn advance(&mut self, places: &[usize], t_new: usize) {
+        for &p in places {
+            *self.lens[p].as_mut().expect("a pass feeds taken places") += t_new;
         }
-        self.lens.iter_mut().for_each(|len| *len += t_new);
     }
 
-    /// The buffers of `layer` for the `[B, T, W]` projection `qkv` laid out as `layout` says:
-    /// the cache's own while their shape fits, else new zeros.
+    /// The buffers of `layer`, for the `[B, T, W]` projection `qkv` laid out as `layout` says:
+    /// the cache's own, made for its places when there are none or too few (the places already
+    /// written kept).
     pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
-        let samples = qkv.dims()[0];
-        let shape = [samples, self.block_size, layout.kv_width()];
+        let shape = [self.places(), self.block_size, layout.kv_width()];
+        let zeros = |places| Tensor::<3>::zeros([places, shape[1], shape[2]], &qkv.device());
         match self.layers[layer].take() {
             Some((k, v)) if k.dims() == shape => (k, v),
-            _ => {
-                let zeros = || Tensor::<3>::zeros(shape, &qkv.device());
-                (zeros(), zeros())
+            Some((k, v)) => {
+                let more = shape[0] - k.dims()[0];
+                (
+                    Tensor::cat(vec![k, zeros(more)], 0),
+                    Tensor::cat(vec![v, zeros(more)], 0),
+                )
             }
+            None => (zeros(shape[0]), zeros(shape[0])),
         }
     }
 
     /// Gives back `layer`'s buffers, written by the pass.
     pub(crate) fn put(&mut self, layer: usize, kv: LayerKv) {
         self.layers[layer] = Some(kv);
-    }
-
-    /// Keeps the rows `keep` (indices into the rows held), in that order: texts that ended
-    /// leave.
-    pub fn retain_rows(&mut self, keep: &[usize]) {
-        if keep.iter().copied().eq(0..self.rows()) {
-            return; // all of them, in order
-        }
-        self.lens = keep.iter().map(|&r| self.lens[r]).collect();
-        for kv in self.layers.iter_mut() {
-            if keep.is_empty() {
-                *kv = None;
-            } else if let Some((k, v)) = kv.take() {
-                let device = k.device();
-                let rows: Vec<i64> = keep.iter().map(|&r| r as i64).collect();
-                let rows =
-                    Tensor::<1, Int>::from_data(TensorData::new(rows, [keep.len()]), &device);
-                *kv = Some((k.select(0, rows.clone()), v.select(0, rows)));
-            }
-        }
-    }
-
-    /// Adds the rows of `other`, a cache of the same model, after these: texts that join (their
-    /// prompts run through a cache of their own first).
-    pub fn append(&mut self, other: KvCache) {
-        assert_eq!(
-            (self.n_layer(), self.block_size),
-            (other.n_layer(), other.block_size),
-            "caches of different models"
-        );
-        if self.lens.is_empty() {
-            *self = other;
-            return;
-        }
-        if other.lens.is_empty() {
-            return;
-        }
-        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
-            *mine = match (mine.take(), theirs) {
-                (Some((k, v)), Some((k2, v2))) => {
-                    Some((Tensor::cat(vec![k, k2], 0), Tensor::cat(vec![v, v2], 0)))
-                }
-                _ => panic!("a cache with rows has every layer's buffers"),
-            };
-        }
-        self.lens.extend(other.lens);
     }
 }

@@ -105,28 +105,35 @@ impl Gpt {
         (logits, weights)
     }
 
-    /// Logits of the token after the last of each row of `idx`, whose tokens follow those its
-    /// row of `cache` holds (each row its own number); the cache is extended. Gives each row's
-    /// last logits of [`Gpt::forward`] over all the tokens of that row. Only the last position
-    /// goes through the last block's attention output and MLP; on the fused path, small passes
-    /// run on one thread.
+    /// Logits of the token after the last of each row of `idx`, whose tokens follow those of
+    /// the text in its place of `cache` (`places[b]` for row `b`, each text its own number of
+    /// tokens); the cache is extended. Gives each row's last logits of [`Gpt::forward`] over all
+    /// the tokens of its text. Only the last position goes through the last block's attention
+    /// output and MLP; on the fused path, small passes run on one thread.
     ///
     /// # Shapes
-    /// - idx: `[B, T_new]`, `B` the rows the cache holds (any, when it is empty), each with
-    ///   `cache.lens()[b] + T_new <= block_size`, or `T_new = 1` when the cache slides
+    /// - idx: `[B, T_new]`, each row's place taken ([`KvCache::claim`]), with
+    ///   `cache.len(place) + T_new <= block_size`, or `T_new = 1` when the cache slides
     ///   ([`Gpt::cache_slides`])
+    /// - places: `[B]`, distinct
     /// - output: `[B, vocab_size]`
-    pub fn forward_cached(&self, idx: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
+    pub fn forward_cached(
+        &self,
+        idx: Tensor<2, Int>,
+        cache: &mut KvCache,
+        places: &[usize],
+    ) -> Tensor<2> {
         let [b, t_new] = idx.dims();
         assert!(
             cache.n_layer() == self.n_layer() && cache.block_size() == self.block_size(),
-            "a cache made for another model (KvCache::new(model.n_layer(), model.block_size()))"
+            "a cache made for another model (KvCache::new(model.n_layer(), model.block_size(), _))"
         );
+        assert_eq!(places.len(), b, "one place per row");
         let slides = t_new == 1 && self.cache_slides();
         assert!(
             slides
                 || cache
-                    .lens()
+                    .starts(places)
                     .iter()
                     .all(|&len| len + t_new <= self.block_size()),
             "the cache holds at most block_size positions (past them, rotary positions slide one \
@@ -136,13 +143,13 @@ impl Gpt {
         // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
         // threads costs more than they gain (measured in BENCHMARKS.md).
         const SMALL_PASS: usize = 200_000_000;
-        let run = || self.logits(idx, pass, &mut Keep::Cache(cache)); // (B, 1, V)
+        let run = || self.logits(idx, pass, &mut Keep::Cache(cache, places)); // (B, 1, V)
         let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
             pools::one_thread(run)
         } else {
             in_pool(pass, run)
         };
-        cache.advance(b, t_new);
+        cache.advance(places, t_new);
         logits.reshape([b, self.vocab_size()])
     }
 
@@ -223,7 +230,7 @@ impl Gpt {
     /// through here; `keep` says what it keeps besides (a cache, attention weights).
     fn trunk(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
         let (wpe, normalise) = (self.wpe.as_ref(), self.config.norm == Norm::Rmsnorm);
-        let starts = keep.starts(idx.dims()[0]);
+        let starts = keep.starts();
         let mut x = ops::embed(&self.wte, wpe, normalise, &self.drop, idx, &starts, pass);
         for (layer, block) in self.blocks.iter().enumerate() {
             x = block.forward(x, pass, layer, keep);

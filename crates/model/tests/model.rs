@@ -202,25 +202,45 @@ fn cached_logits_equal_full_forward() {
         let ops_and = format!("{ops:?}, rope {}", model.wpe.is_none());
         let model = model.clone().with_ops(ops);
         let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
-        let full = model.forward(ids(&[&tokens, &tokens], &device)); // (2, 8, V)
+        let other: Vec<i64> = tokens.iter().rev().copied().collect();
+        let full = model.forward(ids(&[&tokens, &other], &device)); // (2, 8, V)
         let at = |t: usize| to_vec(full.clone().slice(s![.., t..=t, ..]));
-        // Prompt of 3 tokens at once, then one token at a time.
-        let mut cache = KvCache::new(2, model.block_size());
-        let prompt = ids(&[&tokens[..3], &tokens[..3]], &device);
-        let mut cached = vec![to_vec(model.forward_cached(prompt, &mut cache))];
+        // Room for one text, grown as three join; the first leaves, and the two rows sit in
+        // places 2 and 1: not side by side, not in order.
+        let mut cache = KvCache::new(2, model.block_size(), 1);
+        let first = cache.claim();
+        let (a, b) = (cache.claim(), cache.claim());
+        cache.release(first);
+        let places = [b, a];
+        assert_eq!((cache.places(), places), (4, [2, 1]));
+        // Prompt of 3 tokens at once, then one token at a time, the rows of every other pass
+        // in the other order.
+        let prompt = ids(&[&tokens[..3], &other[..3]], &device);
+        let mut cached = vec![to_vec(model.forward_cached(prompt, &mut cache, &places))];
         let mut full_rows = vec![at(2)];
         for t in 3..8 {
-            let next = ids(&[&tokens[t..=t], &tokens[t..=t]], &device);
-            cached.push(to_vec(model.forward_cached(next, &mut cache)));
+            let step = if t % 2 == 0 {
+                let next = ids(&[&tokens[t..=t], &other[t..=t]], &device);
+                to_vec(model.forward_cached(next, &mut cache, &places))
+            } else {
+                let next = ids(&[&other[t..=t], &tokens[t..=t]], &device);
+                let swapped = to_vec(model.forward_cached(next, &mut cache, &[a, b]));
+                let v = swapped.len() / 2;
+                [&swapped[v..], &swapped[..v]].concat()
+            };
+            cached.push(step);
             full_rows.push(at(t));
         }
-        assert_eq!(cache.lens(), [8, 8]);
+        assert_eq!(places.map(|p| cache.len(p)), [Some(8), Some(8)]);
+        assert_eq!(cache.len(first), None);
         let diff = max_diff(&full_rows.concat(), &cached.concat());
         assert!(diff < 1e-4, "{ops_and}: max difference {diff}");
-        // A cleared cache starts again from position 0.
+        // A cleared cache starts again from position 0, in places side by side.
         cache.clear();
-        let again =
-            to_vec(model.forward_cached(ids(&[&tokens[..3], &tokens[..3]], &device), &mut cache));
+        let places = [cache.claim(), cache.claim()];
+        assert_eq!(places, [0, 1]);
+        let prompt = ids(&[&tokens[..3], &other[..3]], &device);
+        let again = to_vec(model.forward_cached(prompt, &mut cache, &places));
         assert!(
             max_diff(&again, &cached[0]) < 1e-6,
             "{ops_and}: after clear"
@@ -417,11 +437,13 @@ fn grouped_query_attention_agrees_across_layers_and_its_cache_is_smaller() {
         );
         for ops in [Ops::Fused, Ops::Composite] {
             let model = model.clone().with_ops(ops);
-            let mut cache = KvCache::new(2, model.block_size());
+            let mut cache = KvCache::new(2, model.block_size(), 1);
+            let place = [cache.claim()];
             let prompt = ids(&[&tokens[..5]], &device);
-            let mut cached = to_vec(model.forward_cached(prompt, &mut cache));
+            let mut cached = to_vec(model.forward_cached(prompt, &mut cache, &place));
             for t in 5..8 {
-                cached = to_vec(model.forward_cached(ids(&[&tokens[t..=t]], &device), &mut cache));
+                let next = ids(&[&tokens[t..=t]], &device);
+                cached = to_vec(model.forward_cached(next, &mut cache, &place));
             }
             let full = model.forward(ids(&[&tokens], &device));
             let last = to_vec(full.slice(s![.., 7..=7, ..]));

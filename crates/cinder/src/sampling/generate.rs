@@ -82,7 +82,7 @@ fn sample<F: TokenFlow>(
 ) -> Vec<Vec<u32>> {
     let n = opts.num_samples;
     let mut picker = Picker::new(opts.sampling, opts.seed, opts.tokens, prompt, n);
-    let mut decoder = Decoder::new(model, opts.use_cache, device);
+    let mut decoder = Decoder::new(model, opts.use_cache, device, n);
     decoder.join(vec![prompt.to_vec(); n]);
     let mut out = vec![Vec::with_capacity(opts.max_new_tokens); n];
     for _ in 0..opts.max_new_tokens {
@@ -161,14 +161,15 @@ impl Picker {
 /// the key/value cache. Rows join and leave between steps, each at its own length: `generate`
 /// decodes its samples as rows, and a server the requests of many clients.
 ///
-/// A row's context is its last `block_size` tokens. With the cache, each token costs one
-/// position's work; a row that joins first runs its text's last window through a cache of its
-/// own (rows of one length together), then joins the others' cache. Past `block_size`:
+/// A row's context is its last `block_size` tokens. With the cache, each row has a place of its
+/// own in it from the time it joins to the time it leaves (the cache's buffers are made once,
+/// for the rows asked for); each token costs one position's work. A row that joins first runs
+/// its text's last window into its place (rows of one length together). Past `block_size`:
 /// - rotary positions: the cache slides ([`Gpt::cache_slides`]): each token attends to the
 ///   cached keys and values of the last `block_size` tokens, as they were computed when each was
 ///   new, at one position's cost;
 /// - learned positions: every token's position shifts at each step, so the window is run whole
-///   (and the row's cache refilled) per token: exactly the logits of the uncached path.
+///   into the row's place, from its start, per token: exactly the logits of the uncached path.
 ///
 /// Without the cache, every token's window is run whole (exact windows), whatever the
 /// positions; with rotary positions that differs from the cache past `block_size`.
@@ -177,25 +178,23 @@ pub struct Decoder<'a> {
     device: Device,
     /// Each row's text: every token, prompt included.
     texts: Vec<Vec<u32>>,
-    /// The cache of the rows computed so far, in row order (`fed` says which rows).
-    cache: Option<KvCache>,
-    /// Tokens of each row's text the cache has seen (0: not in the cache).
+    /// The cache, and each row's place in it.
+    cache: Option<(KvCache, Vec<usize>)>,
+    /// Tokens of each row's text its place has seen (0: none yet).
     fed: Vec<usize>,
-    /// The cache of windows run whole past the context of learned positions, kept for its
-    /// buffers.
-    scratch: Option<KvCache>,
 }
 
 impl<'a> Decoder<'a> {
-    /// Decoding with `model` on `device`, no rows yet.
-    pub fn new(model: &'a Gpt, use_cache: bool, device: &Device) -> Self {
+    /// Decoding with `model` on `device`, no rows yet; with the cache, its buffers are made for
+    /// `rows` rows at once (more grow them).
+    pub fn new(model: &'a Gpt, use_cache: bool, device: &Device, rows: usize) -> Self {
+        let cache = KvCache::new(model.n_layer(), model.block_size(), rows);
         Self {
             model,
             device: device.clone(),
             texts: Vec::new(),
-            cache: use_cache.then(|| KvCache::new(model.n_layer(), model.block_size())),
+            cache: use_cache.then_some((cache, Vec::new())),
             fed: Vec::new(),
-            scratch: None,
         }
     }
 
@@ -204,24 +203,27 @@ impl<'a> Decoder<'a> {
         self.texts.len()
     }
 
+    /// Bytes of keys and values the cache holds (none without it).
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.as_ref().map_or(0, |(cache, _)| cache.bytes())
+    }
+
     /// Adds a row for each text (at least one token each) after the rows there.
     pub fn join(&mut self, texts: impl IntoIterator<Item = Vec<u32>>) {
         for text in texts {
             assert!(!text.is_empty(), "a row's text holds at least one token");
+            if let Some((cache, places)) = &mut self.cache {
+                places.push(cache.claim());
+            }
             self.texts.push(text);
             self.fed.push(0);
         }
     }
 
-    /// Removes the rows `rows`; the rows after them move up.
+    /// Removes the rows `rows`, freeing their places; the rows after them move up.
     pub fn leave(&mut self, rows: Range<usize>) {
-        if let Some(cache) = &mut self.cache {
-            let index = cache_index(&self.fed);
-            let keep: Vec<usize> = (0..self.texts.len())
-                .filter(|r| !rows.contains(r))
-                .filter_map(|r| index[r])
-                .collect();
-            cache.retain_rows(&keep);
+        if let Some((cache, places)) = &mut self.cache {
+            places.drain(rows.clone()).for_each(|p| cache.release(p));
         }
         self.texts.drain(rows.clone());
         self.fed.drain(rows);
@@ -248,7 +250,7 @@ impl<'a> Decoder<'a> {
             let text = &self.texts[r];
             &text[text.len().saturating_sub(block)..]
         };
-        let Some(cache) = &mut self.cache else {
+        let Some((cache, places)) = &mut self.cache else {
             for rows in by_window(&self.texts, block, 0..n) {
                 let t = window(rows[0]).len();
                 let tokens: Vec<u32> = rows.iter().flat_map(|&r| window(r)).copied().collect();
@@ -260,76 +262,41 @@ impl<'a> Decoder<'a> {
             }
             return logits;
         };
-        // Rows whose cache has seen all their text but the last token go on with one position
+        let places_of = |rows: &[usize]| rows.iter().map(|&r| places[r]).collect::<Vec<_>>();
+        // Rows whose place has seen all their text but the last token go on with one position
         // (past block_size, only if the cache slides).
-        let index = cache_index(&self.fed);
         let slides = model.cache_slides();
         let on = |r: usize| {
             let len = self.texts[r].len();
-            index[r].is_some() && len == self.fed[r] + 1 && (len <= block || slides)
+            self.fed[r] > 0 && len == self.fed[r] + 1 && (len <= block || slides)
         };
         let going_on: Vec<usize> = (0..n).filter(|&r| on(r)).collect();
-        cache.retain_rows(
-            &going_on
-                .iter()
-                .filter_map(|&r| index[r])
-                .collect::<Vec<_>>(),
-        );
         if !going_on.is_empty() {
             let last: Vec<u32> = going_on
                 .iter()
                 .map(|&r| *self.texts[r].last().unwrap())
                 .collect();
             let ids = ids_tensor(&last, [going_on.len(), 1], &self.device);
-            put(&going_on, model.forward_cached(ids, cache));
+            put(
+                &going_on,
+                model.forward_cached(ids, cache, &places_of(&going_on)),
+            );
         }
-        // The others run their window from an empty cache, rows of one length together, and
-        // join the cache after the rows that went on; a full window of learned positions,
-        // which is run whole again next time, runs through the scratch cache instead.
-        let mut order = going_on;
+        // The others run their window into their place from its start, rows of one length
+        // together.
         for rows in by_window(&self.texts, block, (0..n).filter(|&r| !on(r))) {
             let t = window(rows[0]).len();
             let tokens: Vec<u32> = rows.iter().flat_map(|&r| window(r)).copied().collect();
             let ids = ids_tensor(&tokens, [rows.len(), t], &self.device);
-            if t < block || slides {
-                let mut own = KvCache::new(model.n_layer(), block);
-                put(&rows, model.forward_cached(ids, &mut own));
-                cache.append(own);
-                order.extend(rows);
-            } else {
-                let scratch = self
-                    .scratch
-                    .get_or_insert_with(|| KvCache::new(model.n_layer(), block));
-                scratch.clear(); // its buffers are reused
-                put(&rows, model.forward_cached(ids, scratch));
-            }
+            let rows_places = places_of(&rows);
+            rows_places.iter().for_each(|&p| cache.restart(p));
+            put(&rows, model.forward_cached(ids, cache, &rows_places));
         }
-        // The cache's rows back in row order.
-        if !order.is_sorted() {
-            let mut by_row: Vec<usize> = (0..order.len()).collect();
-            by_row.sort_by_key(|&i| order[i]);
-            cache.retain_rows(&by_row);
-        }
-        self.fed = vec![0; n];
-        for r in order {
-            self.fed[r] = self.texts[r].len();
+        for (fed, text) in self.fed.iter_mut().zip(&self.texts) {
+            *fed = text.len();
         }
         logits
     }
-}
-
-/// Each row's index among the cached rows (none for a row not computed yet), from the tokens
-/// the cache has seen of each.
-fn cache_index(fed: &[usize]) -> Vec<Option<usize>> {
-    let mut next = 0;
-    fed.iter()
-        .map(|&f| {
-            (f > 0).then(|| {
-                next += 1;
-                next - 1
-            })
-        })
-        .collect()
 }
 
 /// `rows` grouped by the length of their window (the last `block` tokens), in a fixed order.

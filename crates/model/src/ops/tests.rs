@@ -423,9 +423,9 @@ fn cached_attention_takes_views_of_buffers_as_their_values() {
     );
     let view = |b: &Tensor<3>| b.clone().narrow(0, 1, s);
     let copy = |b: &Tensor<3>| on_flex(view(b));
-    let starts = [3, 5];
+    let (starts, places) = ([3, 5], [1, 0]);
     let run = |kv| {
-        let (y, (k, v)) = fused::cached_attention(qkv.clone(), kv, &starts, layout, true);
+        let (y, (k, v)) = fused::cached_attention(qkv.clone(), kv, &starts, &places, layout, true);
         [values(&y), values(&k), values(&v)]
     };
     let from_views = run((view(&keys), view(&values_)));

@@ -119,7 +119,7 @@ impl Worker {
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
-        let mut decoder = Decoder::new(&model.gpt, true, &model.device);
+        let mut decoder = Decoder::new(&model.gpt, true, &model.device, self.max_rows);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
         // admitted, so that its client may still leave (and free its place) while it waits

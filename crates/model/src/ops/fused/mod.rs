@@ -87,14 +87,16 @@ pub trait Layers: burn::backend::Backend {
 /// Inference-only operations on plain Flex.
 #[backend_extension(Flex)]
 pub trait Inference: burn::backend::Backend {
-    /// Attention of the new positions over a key/value cache `[S, block, KV]` that they are
-    /// written into, after the `starts[s]` positions each text has there; returns
-    /// `(y, keys, values)`, `y` being `[S, T_new, C]` or, with `last_only`, `[S, 1, C]`.
+    /// Attention of the new positions `[S, T_new, W]` over a key/value cache `[P, block, KV]`
+    /// that they are written into: text `s` in place `places[s]`, after the `starts[s]`
+    /// positions it has there; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
+    /// `last_only`, `[S, 1, C]`.
     fn cached_attention(
         qkv: FloatTensor<Self>,
         keys: FloatTensor<Self>,
         values: FloatTensor<Self>,
         starts: Vec<usize>,
+        places: Vec<usize>,
         layout: QkvLayout,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
@@ -259,6 +261,7 @@ pub fn cached_attention(
     qkv: Tensor<3>,
     cache: (Tensor<3>, Tensor<3>),
     starts: &[usize],
+    places: &[usize],
     layout: QkvLayout,
     last_only: bool,
 ) -> (Tensor<3>, (Tensor<3>, Tensor<3>)) {
@@ -267,6 +270,7 @@ pub fn cached_attention(
         cache.0.into_dispatch(),
         cache.1.into_dispatch(),
         starts.to_vec(),
+        places.to_vec(),
         layout,
         last_only,
     );
@@ -473,16 +477,18 @@ impl Inference for Flex {
         keys: FlexTensor,
         values: FlexTensor,
         starts: Vec<usize>,
+        places: Vec<usize>,
         layout: QkvLayout,
         last_only: bool,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let [samples, new, width] = dims(&qkv).try_into().expect("qkv is [S, T, W]");
-        let [_, block, kv] = dims(&keys).try_into().expect("keys are [S, block, KV]");
+        let [room, block, kv] = dims(&keys).try_into().expect("keys are [P, block, KV]");
         assert_eq!((width, kv), (layout.width(), layout.kv_width()));
         let s = CachedShape {
             samples,
             new,
             block,
+            places: room,
             layout,
         };
         let c = layout.q_width();
@@ -497,6 +503,7 @@ impl Inference for Flex {
             values.storage_mut::<f32>(),
             s,
             &starts,
+            &places,
             last_only,
             &mut y,
         );
