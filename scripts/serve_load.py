@@ -3,6 +3,7 @@
 
     python3 scripts/serve_load.py --serve target/release/serve --checkpoint RUN [--clients 1 8 32 64]
         [--tokens 200] [--repeat 5] [--generate target/release/generate] [--interleave] [--whole]
+        [--threads]
 
 For each number of clients it starts a fresh `serve --checkpoint RUN` (its own port), waits for
 it, loads the model with one request, then --repeat times starts the clients at once (one
@@ -15,7 +16,9 @@ cores busy during the bursts: the engine (the generation thread and its sampling
 threads), the HTTP threads, and the clients.
 
 The clients run on the same cores as the server: while streaming they only keep what arrives
-and when, and parse it once every client of the burst is done.
+and when, and parse it once every client of the burst is done. With --threads each client is a
+thread of its own reading its connection (a plain client, as a user would write one: it takes
+more of the cores than the one reading thread).
 
 With --interleave every row runs on one server and their bursts are taken in turn (1, 8, 32,
 64, 1, ...), so that on a machine whose speed drifts each burst is measured beside the others;
@@ -39,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -52,6 +56,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def connect(port, body):
+    """A connection on which the completion `body` has been asked for."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=STALLED_S)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nConnection: close\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
 def burst(port, bodies):
     """Starts one streamed completion per body at once, each on its own HTTP/1.1 connection, and
     reads them all from one thread (a selector): returns, per body, (start, [(time, bytes)]):
@@ -61,11 +75,7 @@ def burst(port, bodies):
     clock, sel, out = time.perf_counter, selectors.DefaultSelector(), []
     for i, body in enumerate(bodies):
         start = clock()
-        payload = json.dumps(body).encode()
-        sock = socket.create_connection(("127.0.0.1", port), timeout=600)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\nConnection: close\r\n"
-                     + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        sock = connect(port, body)
         sock.setblocking(False)
         out.append((start, []))
         sel.register(sock, selectors.EVENT_READ, (i, [b""]))
@@ -91,6 +101,29 @@ def burst(port, bodies):
     for key in list(sel.get_map().values()):
         key.fileobj.close()
     sel.close()
+    return out
+
+
+def burst_threads(port, bodies):
+    """[`burst`]'s requests and result, from a thread per client, each reading its connection
+    until it closes (a plain client, as a user would write one)."""
+    clock, out = time.perf_counter, [None] * len(bodies)
+
+    def client(i, body):
+        start, pieces = clock(), []
+        try:
+            with connect(port, body) as sock:
+                while piece := sock.recv(1 << 16):
+                    pieces.append((clock(), piece))
+        except OSError:
+            pass  # a stalled or broken stream: what came is kept, and counts as truncated
+        out[i] = (start, pieces)
+
+    threads = [threading.Thread(target=client, args=(i, b)) for i, b in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return out
 
 
@@ -207,8 +240,9 @@ class Row:
         pid = server.process.pid
         before, mine = cpu_seconds(pid), time.process_time()
         start = time.perf_counter()
-        results = burst(server.port, [body(server.model, i, args.tokens, not args.whole)
-                                      for i in range(self.clients)])
+        read = burst_threads if args.threads else burst
+        results = read(server.port, [body(server.model, i, args.tokens, not args.whole)
+                                     for i in range(self.clients)])
         wall = time.perf_counter() - start
         after = cpu_seconds(pid)
         for kind in after:
@@ -296,6 +330,9 @@ def main():
     p.add_argument("--interleave", action="store_true",
                    help="run every row on one server, taking their bursts in turn, and add a "
                         "column: each burst's tokens/s over the one-client burst of its turn")
+    p.add_argument("--threads", action="store_true",
+                   help="a thread per client, each reading its own connection, instead of one "
+                        "thread reading every connection")
     p.add_argument("--invariance", type=int, default=8,
                    help="clients whose text is compared with the same request alone")
     args = p.parse_args()

@@ -86,7 +86,7 @@ fn check_against_full_forward(ops: Ops, use_cache: bool) {
 /// Rows that join and leave a decoder at their own times, each at its own length, get the
 /// logits each would get decoded alone, on both paths, learned and rotary positions, past
 /// block_size, with rows joining after others left: into the places they freed, in a cache
-/// made once for the 4 rows there are at most.
+/// made once for the 4 rows there are at most, and kept for a later decoder.
 #[test]
 fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
     let device = common::backend().device;
@@ -155,6 +155,19 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
             }
         }
         assert!(rows.is_empty() && together.rows() == 0);
+        // Later decoders reuse the cache (a server's next batches), whatever rows the one
+        // before still held: the same logits, no new buffers.
+        let mut cache = together.into_cache().expect("decoding with the cache");
+        for _ in 0..2 {
+            let mut next = Decoder::with_cache(&model, &device, cache);
+            next.join(prompts[2..6].iter().cloned());
+            let logits = next.next_logits();
+            let v = logits.len() / 4;
+            let diff = max_diff(&logits[3 * v..], &alone[5][0]);
+            assert!(diff < 1e-5, "{ops:?} rope {rope}: a reused cache: {diff}");
+            assert_eq!(next.cache_bytes(), bytes.unwrap(), "a reused cache grew");
+            cache = next.into_cache().unwrap();
+        }
     }
 }
 

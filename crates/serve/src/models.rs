@@ -11,7 +11,7 @@ use burn::prelude::Device;
 use cinder::storage::checkpoint;
 use cinder::storage::names::{META, READ};
 use cinder_data::Tokenizer;
-use cinder_model::{Gpt, Ops};
+use cinder_model::{Gpt, KvCache, Ops};
 
 /// How deep under `--runs` run folders are looked for.
 const MAX_DEPTH: usize = 4;
@@ -222,6 +222,9 @@ pub struct Loaded {
     pub device: Device,
     /// Iterations of the checkpoint it was read from.
     pub iter: u64,
+    /// The key/value cache of its last batch, kept for its buffers: they are made once per
+    /// model loaded, not per batch.
+    pub cache: Mutex<Option<KvCache>>,
     /// Which checkpoint that was, as seen before reading it (a swap while it was read costs one
     /// more read later, never a missed one): a newer one is loaded on the next request.
     stamp: Option<Stamp>,
@@ -323,6 +326,7 @@ impl Models {
                     tokenizer: loaded.tokenizer,
                     device: self.device.clone(),
                     iter: loaded.meta.iter,
+                    cache: Mutex::new(None),
                     stamp,
                 }),
             ));

@@ -189,13 +189,33 @@ impl<'a> Decoder<'a> {
     /// `rows` rows at once (more grow them).
     pub fn new(model: &'a Gpt, use_cache: bool, device: &Device, rows: usize) -> Self {
         let cache = KvCache::new(model.n_layer(), model.block_size(), rows);
+        let mut decoder = Self::with_cache(model, device, cache);
+        if !use_cache {
+            decoder.cache = None;
+        }
+        decoder
+    }
+
+    /// Decoding with `model` on `device` and the cache `cache`, made for `model` (an earlier
+    /// decoder's, [`Decoder::into_cache`]): its buffers are kept, its places all freed.
+    pub fn with_cache(model: &'a Gpt, device: &Device, mut cache: KvCache) -> Self {
+        assert!(
+            cache.n_layer() == model.n_layer() && cache.block_size() == model.block_size(),
+            "a cache made for another model"
+        );
+        cache.clear();
         Self {
             model,
             device: device.clone(),
             texts: Vec::new(),
-            cache: use_cache.then_some((cache, Vec::new())),
+            cache: Some((cache, Vec::new())),
             fed: Vec::new(),
         }
+    }
+
+    /// The cache, for a later decoder of the same model (none without it).
+    pub fn into_cache(self) -> Option<KvCache> {
+        self.cache.map(|(cache, _)| cache)
     }
 
     /// Rows decoded now.

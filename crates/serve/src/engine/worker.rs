@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
 use cinder::sampling::generate::Decoder;
+use cinder_model::KvCache;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::EngineError;
@@ -119,7 +120,11 @@ impl Worker {
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
-        let mut decoder = Decoder::new(&model.gpt, true, &model.device, self.max_rows);
+        let cache = model.cache.lock().expect("only the worker takes it").take();
+        let cache = cache.unwrap_or_else(|| {
+            KvCache::new(model.gpt.n_layer(), model.gpt.block_size(), self.max_rows)
+        });
+        let mut decoder = Decoder::with_cache(&model.gpt, &model.device, cache);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
         // admitted, so that its client may still leave (and free its place) while it waits
@@ -168,6 +173,7 @@ impl Worker {
                 }
             }
             if running.is_empty() {
+                *model.cache.lock().expect("only the worker takes it") = decoder.into_cache();
                 return;
             }
             let logits = decoder.next_logits();
