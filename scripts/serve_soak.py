@@ -125,11 +125,12 @@ def main():
         # it holds the batch's caches of the moment, which come and go.
         started = time.time()
         tenth = max(1, a.requests // 10)
-        series = []
+        series, threads = [], []
         for k in range(0, a.requests, tenth):
             run(bodies[k:k + tenth])
             time.sleep(0.2)
             series.append(status_kb(server.pid, "VmRSS"))
+            threads.append(status_kb(server.pid, "Threads"))
         seconds = time.time() - started
         peak = status_kb(server.pid, "VmHWM")
     finally:
@@ -141,6 +142,7 @@ def main():
     print(f"idle RSS after {tenth}: {first / 1024:.1f} MiB; at the end: {rss_end / 1024:.1f} MiB "
           f"({100 * (ratio - 1):+.1f}%); peak {peak / 1024:.1f} MiB")
     print("idle RSS after each tenth:", " ".join(f"{r / 1024:.1f}" for r in series), "MiB")
+    print("the server's threads after each tenth:", " ".join(str(t) for t in threads))
     for failure in failed[:5]:
         print("failed:", failure)
     sys.exit(1 if failed or ratio > 1.05 else 0)
