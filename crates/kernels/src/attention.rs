@@ -261,8 +261,8 @@ pub struct CachedShape {
     pub new: usize,
     /// Positions the cache holds for each text.
     pub block: usize,
-    /// Texts the cache has room for: its places, one per text, some of them free.
-    pub places: usize,
+    /// Texts the cache has room for (its places, one per text, some of them free).
+    pub room: usize,
     pub layout: QkvLayout,
 }
 
@@ -280,7 +280,7 @@ pub struct CachedShape {
 ///
 /// # Shapes
 /// - qkv: `[S, new, W]` (as `s.layout` says); keys, values: `[P, block, KV]`, the key/value
-///   heads side by side (`P`: `s.places`); starts: `[S]` or `[0]`; places: `[S]`, distinct,
+///   heads side by side (`P`: `s.room`); starts: `[S]` or `[0]`; places: `[S]`, distinct,
 ///   each below `P`
 /// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only` (`C` the queries' width)
 #[allow(clippy::too_many_arguments)] // the slices, and what says where they lie
@@ -302,16 +302,10 @@ pub fn forward_cached(
         "a pass fits in the cache's block positions, or slides it by one"
     );
     assert_eq!(qkv.len(), s.samples * n * w);
-    assert_eq!(keys.len(), s.places * s.block * kv);
+    assert_eq!(keys.len(), s.room * s.block * kv);
     assert_eq!(values.len(), keys.len());
     assert_eq!(places.len(), s.samples, "one place per text");
-    let mut sorted = places.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    assert!(
-        sorted.len() == places.len() && sorted.last().is_none_or(|&p| p < s.places),
-        "each text has a place of its own in the cache"
-    );
+    // Distinct: the model's cache checks it for both its paths (`KvCache::starts`).
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
     for (r, row) in qkv.chunks_exact(w).enumerate() {
@@ -408,6 +402,11 @@ multiversion! {
             let total = exp_shifted_sum(w, shift);
             w.iter_mut().for_each(|w| *w /= total);
         }
+        match hs {
+            32 => return weighted_values::<32>(weights, values, l, out),
+            64 => return weighted_values::<64>(weights, values, l, out),
+            _ => {}
+        }
         out.fill(0.0);
         for (t, v) in values.chunks_exact(kv).take(seen).enumerate() {
             if group == 1 {
@@ -423,6 +422,34 @@ multiversion! {
                 }
             }
         }
+    }
+}
+
+/// `out` `[C]`: each query head's `weights` `[H, seen]` over the `values` `[block, KV]` of its
+/// key/value head, for heads of `HS`. Each head's sum is kept in registers over the positions
+/// (summed in the same order as position after position through `out`: the same bits).
+#[inline(always)]
+fn weighted_values<const HS: usize>(
+    weights: &[f32],
+    values: &[f32],
+    l: QkvLayout,
+    out: &mut [f32],
+) {
+    let (kv, seen) = (l.kv_width(), weights.len() / l.n_head);
+    for (h, (o, w)) in out
+        .chunks_exact_mut(HS)
+        .zip(weights.chunks_exact(seen))
+        .enumerate()
+    {
+        let at = h / l.group() * HS;
+        let mut acc = [0f32; HS];
+        for (&w, v) in w.iter().zip(values.chunks_exact(kv)) {
+            let v: &[f32; HS] = v[at..at + HS].try_into().expect("a head of HS values");
+            for (a, v) in acc.iter_mut().zip(v) {
+                *a += w * v;
+            }
+        }
+        o.copy_from_slice(&acc);
     }
 }
 

@@ -12,11 +12,13 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// Keys and values of every layer for the tokens already fed through
 /// [`crate::Gpt::forward_cached`], for texts decoded together, each in a place of its own.
 ///
-/// The buffers are allocated once, for the places asked for and `block_size` positions each
-/// (the model's context), and written in place (by `slice_assign` on the composite layers). A
-/// text takes a free place when it joins ([`KvCache::claim`]) and gives it back when it
-/// leaves ([`KvCache::release`]): no other text's keys move, and nothing is allocated while
-/// texts come and go within the places there are. Only a text beyond them grows the buffers.
+/// The buffers are made by the first pass, for the places asked for ([`crate::Gpt::new_cache`])
+/// and `block_size` positions each (the model's context), and written in place (by
+/// `slice_assign` on the composite layers). A text takes a free place when it joins
+/// ([`KvCache::claim`]) and gives it back when it leaves ([`KvCache::release`]): no other
+/// text's keys move, and nothing is allocated while texts come and go within the places there
+/// are. A text that finds none free doubles them: the buffers grow to the most texts decoded at
+/// once (at most twice as many places), once, and are kept.
 /// Each text holds its own number of positions: texts decoded together may have started at
 /// different times. Past `block_size`, a cache of rotary positions slides: position `p` is
 /// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]).
@@ -31,10 +33,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for a model of `n_layer` blocks and a context of `block_size` positions
-    /// ([`crate::Gpt::n_layer`], [`crate::Gpt::block_size`]), with room for `places` texts (its
-    /// buffers are allocated by the first pass).
-    pub fn new(n_layer: usize, block_size: usize, places: usize) -> Self {
+    /// An empty cache for a model of `n_layer` blocks and a context of `block_size` positions,
+    /// with room for `places` texts (its buffers are made by the first pass):
+    /// [`crate::Gpt::new_cache`] makes one for a model.
+    pub(crate) fn new(n_layer: usize, block_size: usize, places: usize) -> Self {
         Self {
             layers: vec![None; n_layer],
             block_size,
@@ -106,8 +108,17 @@ impl KvCache {
         floats * std::mem::size_of::<f32>()
     }
 
-    /// The first position of each text of a pass over the texts in `places`.
+    /// The first position of each text of a pass over the texts in `places`: taken, and
+    /// distinct (each text has a place of its own).
     pub(crate) fn starts(&self, places: &[usize]) -> Vec<usize> {
+        let mut distinct = places.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            places.len(),
+            "two rows in one place: {places:?}"
+        );
         places
             .iter()
             .map(|&p| self.lens[p].unwrap_or_else(|| panic!("place {p} is not taken")))
@@ -127,7 +138,15 @@ impl KvCache {
     pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
         let shape = [self.places(), self.block_size, layout.kv_width()];
         let zeros = |places| Tensor::<3>::zeros([places, shape[1], shape[2]], &qkv.device());
-        match self.layers[layer].take() {
+        let kept = self.layers[layer].take();
+        if let Some((k, _)) = &kept {
+            assert_eq!(
+                k.dims()[1..],
+                shape[1..],
+                "a cache made for a model of other keys and values (Gpt::new_cache)"
+            );
+        }
+        match kept {
             Some((k, v)) if k.dims() == shape => (k, v),
             Some((k, v)) => {
                 let more = shape[0] - k.dims()[0];

@@ -112,9 +112,9 @@ impl Gpt {
     /// output and MLP; on the fused path, small passes run on one thread.
     ///
     /// # Shapes
-    /// - idx: `[B, T_new]`, each row's place taken ([`KvCache::claim`]), with
-    ///   `cache.len(place) + T_new <= block_size`, or `T_new = 1` when the cache slides
-    ///   ([`Gpt::cache_slides`])
+    /// - idx: `[B, T_new]`, each row's place taken ([`KvCache::claim`]), with the positions its
+    ///   text has there ([`KvCache::len`]) `+ T_new <= block_size`, or `T_new = 1` when the
+    ///   cache slides ([`Gpt::cache_slides`])
     /// - places: `[B]`, distinct
     /// - output: `[B, vocab_size]`
     pub fn forward_cached(
@@ -126,7 +126,7 @@ impl Gpt {
         let [b, t_new] = idx.dims();
         assert!(
             cache.n_layer() == self.n_layer() && cache.block_size() == self.block_size(),
-            "a cache made for another model (KvCache::new(model.n_layer(), model.block_size(), _))"
+            "a cache made for another model (Gpt::new_cache)"
         );
         assert_eq!(places.len(), b, "one place per row");
         let slides = t_new == 1 && self.cache_slides();
@@ -151,6 +151,12 @@ impl Gpt {
         };
         cache.advance(places, t_new);
         logits.reshape([b, self.vocab_size()])
+    }
+
+    /// An empty key/value cache for this model, with room for `places` texts at first (a text
+    /// that finds none free doubles them): [`Gpt::forward_cached`]'s.
+    pub fn new_cache(&self, places: usize) -> KvCache {
+        KvCache::new(self.n_layer(), self.block_size(), places)
     }
 
     /// Whether the key/value cache may go on past `block_size`, one token at a time, each token

@@ -5,7 +5,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use cinder_model::ops::fused;
-use cinder_model::{Activation, CausalSelfAttention, Gpt, GptConfig, KvCache, Norm, Ops, Position};
+use cinder_model::{Activation, CausalSelfAttention, Gpt, GptConfig, Norm, Ops, Position};
 use cinder_testing::max_diff;
 
 fn device() -> Device {
@@ -195,29 +195,48 @@ fn head_is_the_token_embedding() {
 #[test]
 fn cached_logits_equal_full_forward() {
     let device = device();
-    for (ops, model) in [Ops::Fused, Ops::Composite]
+    // Heads of 8, and of 32 and 64 (the cached attention's own loops for them), multi-head and
+    // grouped.
+    let wide = |n_embd, n_head, n_kv_head| {
+        let config = modern(&device)
+            .0
+            .with_n_embd(n_embd)
+            .with_n_head(n_head)
+            .with_n_kv_head(n_kv_head);
+        seeded(&device, 45, || config.init(&device).unwrap())
+    };
+    let models = [
+        ("tiny", tiny(&device).1),
+        ("modern", modern(&device).1),
+        ("heads of 32", wide(64, 2, 2)),
+        ("heads of 64", wide(128, 2, 2)),
+        ("grouped heads of 32", wide(128, 4, 2)),
+    ];
+    for (ops, (name, model)) in [Ops::Fused, Ops::Composite]
         .into_iter()
-        .flat_map(|ops| [(ops, tiny(&device).1), (ops, modern(&device).1)])
+        .flat_map(|ops| models.iter().map(move |m| (ops, m)))
     {
-        let ops_and = format!("{ops:?}, rope {}", model.wpe.is_none());
+        let ops_and = format!("{ops:?}, {name}");
         let model = model.clone().with_ops(ops);
         let tokens: Vec<i64> = vec![3, 1, 4, 1, 5, 9, 2, 6];
         let other: Vec<i64> = tokens.iter().rev().copied().collect();
         let full = model.forward(ids(&[&tokens, &other], &device)); // (2, 8, V)
         let at = |t: usize| to_vec(full.clone().slice(s![.., t..=t, ..]));
-        // Room for one text, grown as three join; the first leaves, and the two rows sit in
-        // places 2 and 1: not side by side, not in order.
-        let mut cache = KvCache::new(2, model.block_size(), 1);
-        let first = cache.claim();
-        let (a, b) = (cache.claim(), cache.claim());
-        cache.release(first);
+        // Room for one text, grown as three join; the second leaves, and the two rows sit in
+        // places 2 and 0: not side by side, not in order.
+        let mut cache = model.new_cache(1);
+        let (a, gone, b) = (cache.claim(), cache.claim(), cache.claim());
+        cache.release(gone);
         let places = [b, a];
-        assert_eq!((cache.places(), places), (4, [2, 1]));
+        assert_eq!((cache.places(), places), (4, [2, 0]));
         // Prompt of 3 tokens at once, then one token at a time, the rows of every other pass
-        // in the other order.
+        // in the other order (places 0 and 2: in order, not side by side).
         let prompt = ids(&[&tokens[..3], &other[..3]], &device);
         let mut cached = vec![to_vec(model.forward_cached(prompt, &mut cache, &places))];
         let mut full_rows = vec![at(2)];
+        // Three more texts join: the cache grows with keys and values already written.
+        (0..3).for_each(|_| _ = cache.claim());
+        assert_eq!(cache.places(), 8);
         for t in 3..8 {
             let step = if t % 2 == 0 {
                 let next = ids(&[&tokens[t..=t], &other[t..=t]], &device);
@@ -232,7 +251,7 @@ fn cached_logits_equal_full_forward() {
             full_rows.push(at(t));
         }
         assert_eq!(places.map(|p| cache.len(p)), [Some(8), Some(8)]);
-        assert_eq!(cache.len(first), None);
+        assert_eq!(cache.len(gone), Some(0), "taken again, not fed");
         let diff = max_diff(&full_rows.concat(), &cached.concat());
         assert!(diff < 1e-4, "{ops_and}: max difference {diff}");
         // A cleared cache starts again from position 0, in places side by side.
@@ -437,7 +456,7 @@ fn grouped_query_attention_agrees_across_layers_and_its_cache_is_smaller() {
         );
         for ops in [Ops::Fused, Ops::Composite] {
             let model = model.clone().with_ops(ops);
-            let mut cache = KvCache::new(2, model.block_size(), 1);
+            let mut cache = model.new_cache(1);
             let place = [cache.claim()];
             let prompt = ids(&[&tokens[..5]], &device);
             let mut cached = to_vec(model.forward_cached(prompt, &mut cache, &place));

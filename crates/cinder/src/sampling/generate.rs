@@ -180,35 +180,31 @@ pub struct Decoder<'a> {
     texts: Vec<Vec<u32>>,
     /// The cache, and each row's place in it.
     cache: Option<(KvCache, Vec<usize>)>,
-    /// Tokens of each row's text its place has seen (0: none yet).
+    /// Tokens of each row's text its place accounts for: all it had at the last pass (0: not
+    /// run yet). Past `block_size` the place holds the last `block_size` of them.
     fed: Vec<usize>,
 }
 
 impl<'a> Decoder<'a> {
-    /// Decoding with `model` on `device`, no rows yet; with the cache, its buffers are made for
-    /// `rows` rows at once (more grow them).
+    /// Decoding with `model` on `device`, no rows yet; with the cache, made for `rows` rows at
+    /// once (more grow it).
     pub fn new(model: &'a Gpt, use_cache: bool, device: &Device, rows: usize) -> Self {
-        let cache = KvCache::new(model.n_layer(), model.block_size(), rows);
-        let mut decoder = Self::with_cache(model, device, cache);
-        if !use_cache {
-            decoder.cache = None;
-        }
-        decoder
+        Self::with(model, device, use_cache.then(|| model.new_cache(rows)))
     }
 
     /// Decoding with `model` on `device` and the cache `cache`, made for `model` (an earlier
     /// decoder's, [`Decoder::into_cache`]): its buffers are kept, its places all freed.
-    pub fn with_cache(model: &'a Gpt, device: &Device, mut cache: KvCache) -> Self {
-        assert!(
-            cache.n_layer() == model.n_layer() && cache.block_size() == model.block_size(),
-            "a cache made for another model"
-        );
-        cache.clear();
+    pub fn with_cache(model: &'a Gpt, device: &Device, cache: KvCache) -> Self {
+        Self::with(model, device, Some(cache))
+    }
+
+    fn with(model: &'a Gpt, device: &Device, mut cache: Option<KvCache>) -> Self {
+        cache.iter_mut().for_each(KvCache::clear);
         Self {
             model,
             device: device.clone(),
             texts: Vec::new(),
-            cache: Some((cache, Vec::new())),
+            cache: cache.map(|cache| (cache, Vec::new())),
             fed: Vec::new(),
         }
     }

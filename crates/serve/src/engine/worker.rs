@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
 use cinder::sampling::generate::Decoder;
-use cinder_model::KvCache;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::EngineError;
@@ -120,10 +119,10 @@ impl Worker {
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
+        // The model's cache, kept from its last batch: it has grown to the most rows decoded at
+        // once so far (made for one, it doubles when a row finds no place free).
         let cache = model.cache.lock().expect("only the worker takes it").take();
-        let cache = cache.unwrap_or_else(|| {
-            KvCache::new(model.gpt.n_layer(), model.gpt.block_size(), self.max_rows)
-        });
+        let cache = cache.unwrap_or_else(|| model.gpt.new_cache(1));
         let mut decoder = Decoder::with_cache(&model.gpt, &model.device, cache);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is

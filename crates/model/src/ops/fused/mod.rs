@@ -488,7 +488,7 @@ impl Inference for Flex {
             samples,
             new,
             block,
-            places: room,
+            room,
             layout,
         };
         let c = layout.q_width();
