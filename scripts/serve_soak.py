@@ -6,8 +6,10 @@
 Starts `serve --checkpoint RUN` on a free port and sends REQUESTS completions from CLIENTS threads
 at once: each of a seeded random kind (1 to 400 tokens, streamed or whole, n from 1 to 4, with or
 without logprobs, echo, penalties and min_p, a stop string), plus a /tokenize every tenth, in ten
-shares. After each share, with every request answered, it reads the server's VmRSS: it prints the
-first, the last, their ratio, the peak (VmHWM) and every share's. It fails (exit 1) when the end's RSS is more than
+shares. After each share, with every request answered, it reads the server's VmRSS and its
+threads: it prints the first RSS, the last, their ratio, the peak (VmHWM) and every share's RSS
+and threads. `MIMALLOC_PURGE_DELAY=0` in its environment (the server's) makes each reading the
+memory in use rather than what the allocator keeps. It fails (exit 1) when the end's RSS is more than
 5% over the first's, or when any request failed. The standard library only.
 """
 
@@ -122,7 +124,8 @@ def main():
                 t.join()
 
         # RSS is read with the server idle (every request answered), after each tenth: under load
-        # it holds the batch's caches of the moment, which come and go.
+        # it holds the passes' buffers of the moment, which come and go. (The model's key/value
+        # cache stays: it grows to the most rows decoded at once.)
         started = time.time()
         tenth = max(1, a.requests // 10)
         series, threads = [], []
