@@ -153,10 +153,17 @@ impl Gpt {
         logits.reshape([b, self.vocab_size()])
     }
 
-    /// An empty key/value cache for this model, with room for `places` texts at first (a text
-    /// that finds none free doubles them): [`Gpt::forward_cached`]'s.
+    /// An empty key/value cache for this model, with room for `places` texts (a text that
+    /// finds none free doubles them): [`Gpt::forward_cached`]'s.
     pub fn new_cache(&self, places: usize) -> KvCache {
         KvCache::new(self.n_layer(), self.block_size(), places)
+    }
+
+    /// Bytes of keys and values a cache of `places` texts holds once its buffers are made
+    /// ([`KvCache::bytes`]).
+    pub fn cache_bytes(&self, places: usize) -> usize {
+        let kv = self.blocks.first().map_or(0, |b| b.attn.layout.kv_width());
+        2 * self.n_layer() * places * self.block_size() * kv * std::mem::size_of::<f32>()
     }
 
     /// Whether the key/value cache may go on past `block_size`, one token at a time, each token

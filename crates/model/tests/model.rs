@@ -471,6 +471,11 @@ fn grouped_query_attention_agrees_across_layers_and_its_cache_is_smaller() {
                 diff < 1e-4,
                 "{n_kv_head} key/value heads, {ops:?}: cache differs by {diff}"
             );
+            assert_eq!(
+                cache.bytes(),
+                model.cache_bytes(1),
+                "what the model says it takes"
+            );
             if ops == Ops::Fused {
                 cache_bytes.push(cache.bytes());
             }

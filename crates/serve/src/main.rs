@@ -70,7 +70,8 @@ struct Args {
     max_loaded: usize,
     /// Choices (rows) decoded together, over all requests for one model (continuous batching:
     /// one forward pass per token for all); a request's prompts times n at most. Each loaded
-    /// model keeps a key/value cache that grows to the most rows decoded at once
+    /// model keeps a key/value cache made for this many rows (its size is logged when made:
+    /// lower this for a large model on a small machine)
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
     /// Requests that may wait while others generate; more are refused (429)

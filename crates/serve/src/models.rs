@@ -222,8 +222,8 @@ pub struct Loaded {
     pub device: Device,
     /// Iterations of the checkpoint it was read from.
     pub iter: u64,
-    /// The key/value cache of its last batch, kept for its buffers: they grow to the most rows
-    /// decoded at once (at most twice as many places), once per model loaded, not per batch.
+    /// The key/value cache of its last batch, kept for its buffers: they are made for
+    /// `--max-batch` rows once per model loaded, not per batch.
     pub cache: Mutex<Option<KvCache>>,
     /// Which checkpoint that was, as seen before reading it (a swap while it was read costs one
     /// more read later, never a missed one): a newer one is loaded on the next request.

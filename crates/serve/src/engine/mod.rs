@@ -1,7 +1,7 @@
 //! The generation engine: one thread owns the loaded models and decodes the completion requests
 //! of one model together, taken from a bounded queue. Requests join and leave the batch at token
 //! boundaries, each row (a choice of a prompt) in a place of its own in the model's key/value
-//! cache, which the model keeps from batch to batch: one forward pass per token serves every
+//! cache, made for `--max-batch` rows and kept from batch to batch: one forward pass per token serves every
 //! client. Each request's text goes, choice by
 //! choice, as events on a channel of its own.
 //!

@@ -119,10 +119,17 @@ impl Worker {
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
-        // The model's cache, kept from its last batch: it has grown to the most rows decoded at
-        // once so far (made for one, it doubles when a row finds no place free).
+        // The model's cache, made once for the most rows decoded together and kept from batch
+        // to batch.
         let cache = model.cache.lock().expect("only the worker takes it").take();
-        let cache = cache.unwrap_or_else(|| model.gpt.new_cache(1));
+        let cache = cache.unwrap_or_else(|| {
+            let mib = model.gpt.cache_bytes(self.max_rows) as f64 / (1 << 20) as f64;
+            eprintln!(
+                "model {id}: a key/value cache for {} rows, {mib:.1} MiB (serve --max-batch)",
+                self.max_rows
+            );
+            model.gpt.new_cache(self.max_rows)
+        });
         let mut decoder = Decoder::with_cache(&model.gpt, &model.device, cache);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
