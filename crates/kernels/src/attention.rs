@@ -279,9 +279,9 @@ pub struct CachedShape {
 /// the sliding window of rotary positions, whose keys carry only their distance to the query.
 ///
 /// # Shapes
-/// - qkv: `[S, new, W]` (as `s.layout` says); keys, values: `[P, block, KV]`, the key/value
-///   heads side by side (`P`: `s.room`); starts: `[S]` or `[0]`; places: `[S]`, distinct,
-///   each below `P`
+/// - qkv: `[S, new, W]` (as `s.layout` says); keys: `[P, KV, block]` (a position's key is a
+///   column), values: `[P, block, KV]`, the key/value heads side by side (`P`: `s.room`);
+///   starts: `[S]` or `[0]`; places: `[S]`, distinct, each below `P`
 /// - y: `[S, new, C]` written, or `[S, 1, C]` with `last_only` (`C` the queries' width)
 #[allow(clippy::too_many_arguments)] // the slices, and what says where they lie
 pub fn forward_cached(
@@ -309,9 +309,14 @@ pub fn forward_cached(
     let out_rows = if last_only { 1 } else { n };
     assert_eq!(y.len(), s.samples * out_rows * c);
     for (r, row) in qkv.chunks_exact(w).enumerate() {
-        let at = (places[r / n] * s.block + (start(r / n) + r % n) % s.block) * kv;
-        keys[at..at + kv].copy_from_slice(&row[l.k()]);
+        let (place, slot) = (places[r / n], (start(r / n) + r % n) % s.block);
+        let at = (place * s.block + slot) * kv;
         values[at..at + kv].copy_from_slice(&row[l.v()]);
+        // A position's key is a column of its place's `[KV, block]`.
+        let place_keys = &mut keys[place * kv * s.block..(place + 1) * kv * s.block];
+        for (column, &k) in place_keys.chunks_exact_mut(s.block).zip(&row[l.k()]) {
+            column[slot] = k;
+        }
     }
     if starts.iter().all(|&p| p == 0) && n > 1 {
         // A window from an empty cache: the training pass's causal attention (matrix products).
@@ -341,7 +346,7 @@ pub fn forward_cached(
             let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
             let q = &qkv[(sample * n + i) * w..][l.q()];
             let place = places[sample];
-            let cache = place * s.block * kv..(place + 1) * s.block * kv; // [block, KV]
+            let cache = place * s.block * kv..(place + 1) * s.block * kv; // [KV, block], [block, KV]
             // Past block positions, every slot: the last block, in ring order (the sums ignore it).
             let seen = (start(sample) + i + 1).min(s.block);
             weights.resize(l.n_head * seen, 0.0);
@@ -365,10 +370,10 @@ struct Attend {
 
 multiversion! {
     /// One position's query `q` `[C]` (heads side by side) against the first `a.seen` cached
-    /// positions of its text, `keys`, `values` `[block, KV]`: `out` `[C]` written, `scratch`
-    /// `[H * seen]` (each head's weights). The cache is read position after position, every
-    /// head at once, in the order it lies in memory; each head's sums run in the same order as
-    /// a head alone.
+    /// positions of its text, `keys` `[KV, block]` (a position's key is a column) and `values`
+    /// `[block, KV]`: `out` `[C]` written, `scratch` `[H * seen]` (each head's weights). A
+    /// head's scores are summed over its dimensions, each a row of keys times one number of the
+    /// query: a vector over the positions, with no sums across a vector's lanes.
     fn attend_row(
         q: &[f32],
         keys: &[f32],
@@ -379,23 +384,16 @@ multiversion! {
     ) {
         let (l, seen) = (a.layout, a.seen);
         let (hs, kv, group) = (l.head_size, l.kv_width(), l.group());
+        let block = keys.len() / kv;
         let weights = &mut scratch[..l.n_head * seen];
-        // Multi-head attention (a group of one) zips each query head with its key/value head
-        // directly: through the grouped loops it took 22% more instructions, and batched
-        // sampling 13% more time. Either way each head's sums run in the same order.
-        for (t, k) in keys.chunks_exact(kv).take(seen).enumerate() {
-            if group == 1 {
-                for (h, (q, k)) in q.chunks_exact(hs).zip(k.chunks_exact(hs)).enumerate() {
-                    weights[h * seen + t] = dot(q, k) * a.scale;
-                }
-                continue;
+        // Key/value head g serves query heads g * group.. (g + 1) * group.
+        for (h, (q, w)) in q.chunks_exact(hs).zip(weights.chunks_exact_mut(seen)).enumerate() {
+            let head_keys = &keys[h / group * hs * block..];
+            w.fill(0.0);
+            for (&q, k) in q.iter().zip(head_keys.chunks_exact(block)) {
+                axpy(w, q, &k[..seen]);
             }
-            // Key/value head g serves query heads g * group.. (g + 1) * group.
-            for (g, (q, k)) in q.chunks_exact(hs * group).zip(k.chunks_exact(hs)).enumerate() {
-                for (j, q) in q.chunks_exact(hs).enumerate() {
-                    weights[(g * group + j) * seen + t] = dot(q, k) * a.scale;
-                }
-            }
+            w.iter_mut().for_each(|w| *w *= a.scale);
         }
         for w in weights.chunks_exact_mut(seen) {
             let shift = max(w);

@@ -167,9 +167,10 @@ impl CausalSelfAttention {
     }
 
     /// The composite attention over the keys and values of the tokens seen before (`kv`, the
-    /// cache's `[P, block, KV]` buffers: row `b`'s text in place `places[b]`, its first
-    /// `starts[b]` positions filled), which are written in: position `p` at slot `p % block`, a
-    /// ring, as the fused kernel does (`cinder_kernels::attention::forward_cached`).
+    /// cache's buffers, keys `[P, KV, block]` and values `[P, block, KV]`: row `b`'s text in place
+    /// `places[b]`, its first `starts[b]` positions filled), which are written in: position `p`
+    /// at slot `p % block`, a ring, as the fused kernel does
+    /// (`cinder_kernels::attention::forward_cached`).
     fn composite_cached(
         &self,
         qkv: Tensor<3>,
@@ -179,27 +180,38 @@ impl CausalSelfAttention {
         pass: Pass,
     ) -> (Tensor<3>, LayerKv) {
         let [b, t, _] = qkv.dims();
-        let (kv, block) = (self.layout.kv_width(), keys.dims()[1]);
+        let (kv, block) = (self.layout.kv_width(), values.dims()[1]);
         let slots: Vec<usize> = starts.iter().map(|s| s % block).collect();
         // Rows in places side by side, in order (a text's samples): one slice for all.
         let first = places[0];
         let run = places.iter().enumerate().all(|(r, &p)| p == first + r);
-        let write = |mut buffer: Tensor<3>, part: std::ops::Range<usize>| {
+        // Positions along `dim` (1 for values, 2 for keys, which are `[B, KV, T]` once swapped).
+        let write = |mut buffer: Tensor<3>, part: std::ops::Range<usize>, dim: usize| {
             let new = qkv.clone().narrow(2, part.start, kv); // (B, T, KV)
+            let new = if dim == 2 { new.swap_dims(1, 2) } else { new };
+            let at = |p: std::ops::Range<usize>, s: usize| {
+                let (positions, width) = (s..s + t, 0..kv);
+                if dim == 2 {
+                    [p, width, positions]
+                } else {
+                    [p, positions, width]
+                }
+            };
             if run && slots.iter().all(|&s| s == slots[0]) {
-                let s = slots[0];
-                return buffer.slice_assign([first..first + b, s..s + t, 0..kv], new);
+                return buffer.slice_assign(at(first..first + b, slots[0]), new);
             }
             for (r, (&p, &s)) in places.iter().zip(&slots).enumerate() {
                 let row = new.clone().narrow(0, r, 1);
-                buffer = buffer.slice_assign([p..p + 1, s..s + t, 0..kv], row);
+                buffer = buffer.slice_assign(at(p..p + 1, s), row);
             }
             buffer
         };
-        let (keys, values) = (write(keys, self.layout.k()), write(values, self.layout.v()));
+        let keys = write(keys, self.layout.k(), 2);
+        let values = write(values, self.layout.v(), 1);
         // Past block positions a row sees every slot: its last block, in ring order.
         let end = (starts.iter().max().copied().unwrap_or(0) + t).min(block);
-        let seen = |buffer: &Tensor<3>| {
+        // The pass's rows' first `end` positions, `[B, end, KV]`.
+        let seen = |buffer: &Tensor<3>, dim: usize| {
             let rows = if run {
                 buffer.clone().narrow(0, first, b)
             } else {
@@ -209,9 +221,10 @@ impl CausalSelfAttention {
                     .clone()
                     .select(0, Tensor::<1, Int>::from_data(places, &buffer.device()))
             };
-            rows.narrow(1, 0, end)
+            let rows = rows.narrow(dim, 0, end);
+            if dim == 2 { rows.swap_dims(1, 2) } else { rows }
         };
-        let (y, _) = self.composite(qkv, Some((seen(&keys), seen(&values))), starts, pass);
+        let (y, _) = self.composite(qkv, Some((seen(&keys, 2), seen(&values, 1))), starts, pass);
         (y, (keys, values))
     }
 

@@ -4,7 +4,8 @@
 use burn::prelude::*;
 use cinder_kernels::QkvLayout;
 
-/// One layer's keys and values, `[P, block_size, KV]` each (`P` places), the key/value heads
+/// One layer's keys `[P, KV, block_size]` (a position's key is a column: a query meets every
+/// position's key at once) and values `[P, block_size, KV]` (`P` places), the key/value heads
 /// side by side (`cinder_kernels::QkvLayout::kv_width`); the text in place `p` keeps its
 /// positions `..lens[p]` in slots `position % block_size` (its last `block_size`).
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
@@ -136,26 +137,26 @@ impl KvCache {
     /// the cache's own, made for its places when there are none or too few (the places already
     /// written kept).
     pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
-        let shape = [self.places(), self.block_size, layout.kv_width()];
-        let zeros = |places| Tensor::<3>::zeros([places, shape[1], shape[2]], &qkv.device());
+        let (places, block, kv) = (self.places(), self.block_size, layout.kv_width());
+        let zeros = |shape| Tensor::<3>::zeros(shape, &qkv.device());
         let kept = self.layers[layer].take();
-        if let Some((k, _)) = &kept {
+        if let Some((_, v)) = &kept {
             assert_eq!(
-                k.dims()[1..],
-                shape[1..],
+                v.dims()[1..],
+                [block, kv],
                 "a cache made for a model of other keys and values (Gpt::new_cache)"
             );
         }
         match kept {
-            Some((k, v)) if k.dims() == shape => (k, v),
+            Some((k, v)) if v.dims()[0] == places => (k, v),
             Some((k, v)) => {
-                let more = shape[0] - k.dims()[0];
+                let more = places - v.dims()[0];
                 (
-                    Tensor::cat(vec![k, zeros(more)], 0),
-                    Tensor::cat(vec![v, zeros(more)], 0),
+                    Tensor::cat(vec![k, zeros([more, kv, block])], 0),
+                    Tensor::cat(vec![v, zeros([more, block, kv])], 0),
                 )
             }
-            None => (zeros(shape[0]), zeros(shape[0])),
+            None => (zeros([places, kv, block]), zeros([places, block, kv])),
         }
     }
 

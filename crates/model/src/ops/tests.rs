@@ -418,7 +418,7 @@ fn cached_attention_takes_views_of_buffers_as_their_values() {
     let on_flex = |t: Tensor<3>| Tensor::<3>::from_data(t.into_data(), &device);
     let qkv = on_flex(random([s, 1, layout.width()], 1));
     let (keys, values_) = (
-        on_flex(random([s + 2, block, kv], 2)),
+        on_flex(random([s + 2, kv, block], 2)),
         on_flex(random([s + 2, block, kv], 3)),
     );
     let view = |b: &Tensor<3>| b.clone().narrow(0, 1, s);

@@ -87,8 +87,9 @@ pub trait Layers: burn::backend::Backend {
 /// Inference-only operations on plain Flex.
 #[backend_extension(Flex)]
 pub trait Inference: burn::backend::Backend {
-    /// Attention of the new positions `[S, T_new, W]` over a key/value cache `[P, block, KV]`
-    /// that they are written into: text `s` in place `places[s]`, after the `starts[s]`
+    /// Attention of the new positions `[S, T_new, W]` over a key/value cache (keys
+    /// `[P, KV, block]`, values `[P, block, KV]`) that they are written into: text `s` in place
+    /// `places[s]`, after the `starts[s]`
     /// positions it has there; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
     /// `last_only`, `[S, 1, C]`.
     fn cached_attention(
@@ -482,7 +483,8 @@ impl Inference for Flex {
         last_only: bool,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
         let [samples, new, width] = dims(&qkv).try_into().expect("qkv is [S, T, W]");
-        let [room, block, kv] = dims(&keys).try_into().expect("keys are [P, block, KV]");
+        let [room, block, kv] = dims(&values).try_into().expect("values are [P, block, KV]");
+        assert_eq!(dims(&keys), [room, kv, block], "keys are [P, KV, block]");
         assert_eq!((width, kv), (layout.width(), layout.kv_width()));
         let s = CachedShape {
             samples,
