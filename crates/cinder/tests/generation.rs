@@ -9,14 +9,16 @@ use cinder_testing::max_diff;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// A small model of `n_layer` blocks with these positions.
-fn model(n_layer: usize, position: Position) -> cinder_model::Gpt {
+/// A small model of `n_layer` blocks with these positions and `n_kv_head` key/value heads for
+/// its 2 query heads (0: 2, multi-head; 1: grouped).
+fn model(n_layer: usize, position: Position, n_kv_head: usize) -> cinder_model::Gpt {
     let device = common::backend().device;
     let _serial = common::serial();
     device.seed(3);
     GptConfig::new(13, 8)
         .with_n_layer(n_layer)
         .with_n_head(2)
+        .with_n_kv_head(n_kv_head)
         .with_n_embd(16)
         .with_position(position)
         .with_qk_norm(position == Position::Rope)
@@ -78,7 +80,7 @@ fn equal(diff: f32) -> bool {
 /// composite layers' full forward pass over the window (learned positions), to past
 /// 2 x block_size.
 fn check_against_full_forward(ops: Ops, use_cache: bool) {
-    let model = model(2, Position::Learned);
+    let model = model(2, Position::Learned, 0);
     let paths = ((ops, use_cache), (Ops::Composite, false));
     compare_decoders(&model, paths, 3, equal, equal);
 }
@@ -101,7 +103,7 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
         } else {
             Position::Learned
         };
-        let model = model(2, position).with_ops(ops);
+        let model = model(2, position, 0).with_ops(ops);
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         // Row k joins at step 3k with a prompt of k + 1 tokens (the last, 11: longer than the
         // context of 8) and leaves after 12 steps.
@@ -191,14 +193,16 @@ fn fused_logits_equal_the_composite_full_forward_at_every_step() {
 /// With rotary positions the cache slides past block_size. In a model of one block a token's key
 /// and value depend only on the token and, through the rotation, its distance to the query: the
 /// sliding window then gives exactly the full forward pass's logits over the last window, from
-/// a short prompt or from one longer than the context.
+/// a short prompt or from one longer than the context, with multi-head and grouped attention.
 #[test]
 fn a_sliding_cache_of_one_block_equals_the_full_forward_past_block_size() {
-    let model = model(1, Position::Rope);
-    for ops in [Ops::Fused, Ops::Composite] {
-        for prompt in [3, 20] {
-            let paths = ((ops, true), (Ops::Composite, false));
-            compare_decoders(&model, paths, prompt, equal, equal);
+    for n_kv_head in [0, 1] {
+        let model = model(1, Position::Rope, n_kv_head);
+        for ops in [Ops::Fused, Ops::Composite] {
+            for prompt in [3, 20] {
+                let paths = ((ops, true), (Ops::Composite, false));
+                compare_decoders(&model, paths, prompt, equal, equal);
+            }
         }
     }
 }
@@ -208,11 +212,13 @@ fn a_sliding_cache_of_one_block_equals_the_full_forward_past_block_size() {
 /// full window's within block_size, others past it; the fused and composite caches slide alike.
 #[test]
 fn a_sliding_cache_differs_from_exact_windows_only_past_block_size() {
-    let model = model(2, Position::Rope);
-    let differ = |diff: f32| diff > 1e-4; // 1e-3 and more here
-    let sliding = (Ops::Fused, true);
-    compare_decoders(&model, (sliding, (Ops::Composite, false)), 3, equal, differ);
-    compare_decoders(&model, (sliding, (Ops::Composite, true)), 3, equal, equal);
+    for n_kv_head in [0, 1] {
+        let model = model(2, Position::Rope, n_kv_head);
+        let differ = |diff: f32| diff > 1e-4; // 1e-3 and more here
+        let sliding = (Ops::Fused, true);
+        compare_decoders(&model, (sliding, (Ops::Composite, false)), 3, equal, differ);
+        compare_decoders(&model, (sliding, (Ops::Composite, true)), 3, equal, equal);
+    }
 }
 
 /// Sampling loops started on different threads run on threads of their own: a loop whose
@@ -220,7 +226,7 @@ fn a_sliding_cache_differs_from_exact_windows_only_past_block_size() {
 #[test]
 fn sampling_loops_on_different_threads_do_not_wait_for_each_other() {
     let device = common::backend().device;
-    let model = model(1, Position::Rope);
+    let model = model(1, Position::Rope, 0);
     let opts = GenerateOptions {
         max_new_tokens: 5,
         num_samples: 1,

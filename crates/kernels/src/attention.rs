@@ -346,7 +346,8 @@ pub fn forward_cached(
             let (sample, i) = (row / out_rows, row % out_rows + (n - out_rows));
             let q = &qkv[(sample * n + i) * w..][l.q()];
             let place = places[sample];
-            let cache = place * s.block * kv..(place + 1) * s.block * kv; // [KV, block], [block, KV]
+            // Keys [KV, block] and values [block, KV].
+            let cache = place * s.block * kv..(place + 1) * s.block * kv;
             // Past block positions, every slot: the last block, in ring order (the sums ignore it).
             let seen = (start(sample) + i + 1).min(s.block);
             weights.resize(l.n_head * seen, 0.0);

@@ -151,8 +151,9 @@ impl CausalSelfAttention {
             Keep::Cache(cache, places) => {
                 let starts = cache.starts(places);
                 let kv = cache.take(layer, &qkv, self.layout);
+                let layout = self.layout;
                 let (y, kv) = fused_or!(pass.fused,
-                    fused => fused::cached_attention(qkv, kv, &starts, places, self.layout, last_only),
+                    fused => fused::cached_attention(qkv, kv, &starts, places, layout, last_only),
                     composite => self.composite_cached(qkv, kv, &starts, places, pass),
                 );
                 cache.put(layer, kv);

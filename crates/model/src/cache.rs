@@ -98,7 +98,8 @@ impl KvCache {
         self.block_size
     }
 
-    /// Bytes of keys and values the buffers hold (each layer's two `[P, block_size, KV]`).
+    /// Bytes of keys and values the buffers hold (each layer's keys `[P, KV, block_size]` and
+    /// values `[P, block_size, KV]`).
     pub fn bytes(&self) -> usize {
         let floats: usize = self
             .layers
@@ -140,10 +141,9 @@ impl KvCache {
         let (places, block, kv) = (self.places(), self.block_size, layout.kv_width());
         let zeros = |shape| Tensor::<3>::zeros(shape, &qkv.device());
         let kept = self.layers[layer].take();
-        if let Some((_, v)) = &kept {
-            assert_eq!(
-                v.dims()[1..],
-                [block, kv],
+        if let Some((k, v)) = &kept {
+            assert!(
+                k.dims()[1..] == [kv, block] && v.dims()[1..] == [block, kv],
                 "a cache made for a model of other keys and values (Gpt::new_cache)"
             );
         }

@@ -252,6 +252,11 @@ fn cached_logits_equal_full_forward() {
         }
         assert_eq!(places.map(|p| cache.len(p)), [Some(8), Some(8)]);
         assert_eq!(cache.len(gone), Some(0), "taken again, not fed");
+        assert_eq!(
+            cache.bytes(),
+            model.cache_bytes(8),
+            "{ops_and}: grown to 8 places"
+        );
         let diff = max_diff(&full_rows.concat(), &cached.concat());
         assert!(diff < 1e-4, "{ops_and}: max difference {diff}");
         // A cleared cache starts again from position 0, in places side by side.

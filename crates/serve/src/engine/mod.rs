@@ -1,9 +1,9 @@
 //! The generation engine: one thread owns the loaded models and decodes the completion requests
 //! of one model together, taken from a bounded queue. Requests join and leave the batch at token
 //! boundaries, each row (a choice of a prompt) in a place of its own in the model's key/value
-//! cache, made for `--max-batch` rows and kept from batch to batch: one forward pass per token serves every
-//! client. Each request's text goes, choice by
-//! choice, as events on a channel of its own.
+//! cache, made for `--max-batch` rows and kept from batch to batch: one forward pass per token
+//! serves every client. Each request's text goes, choice by choice, as events on a channel of
+//! its own.
 //!
 //! A prompt's choices (`n` of them) are `generate`'s samples: rows of one decoder, each prompt
 //! with `generate`'s random stream for the seed, so that a seed gives `generate --seed`'s text.
