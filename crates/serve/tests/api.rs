@@ -678,6 +678,16 @@ fn samplers_give_generates_text_alone_and_batched() {
         .map(|c| c["text"].as_str().unwrap())
         .collect();
     assert_eq!(texts, generated(&run, "ROMEO:", *params, 16, *seed, tokens));
+
+    // Every batch (alone, together, sixteen rows) used one key/value cache, made for
+    // --max-batch rows.
+    let log = read(&server.log);
+    let made: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("key/value cache"))
+        .collect();
+    assert_eq!(made.len(), 1, "{log}");
+    assert!(made[0].contains("for 32 rows"), "{}", made[0]);
 }
 
 /// vLLM's `/tokenize` and `/detokenize` round-trip a text with multi-byte characters through a
