@@ -24,10 +24,14 @@ use cinder_kernels::QkvLayout;
 pub(crate) enum Keep<'a> {
     /// Nothing: every position attends over the pass's own tokens (training, evaluation).
     Nothing,
-    /// Row `b`'s tokens follow those of the text in place `places[b]` of the cache, which is
-    /// extended with theirs; only the last position leaves the last block (the next token's
-    /// logits are all a sampler needs).
-    Cache(&'a mut KvCache, &'a [usize]),
+    /// Row `b`'s tokens follow the `starts[b]` of the text in place `places[b]` of the cache
+    /// (read once per pass: [`KvCache::starts`]), which is extended with theirs; only the last
+    /// position leaves the last block (the next token's logits are all a sampler needs).
+    Cache {
+        cache: &'a mut KvCache,
+        places: &'a [usize],
+        starts: &'a [usize],
+    },
     /// Every layer's attention weights, `[B, H, T, T]` each, are recorded (composite path).
     Weights(&'a mut Vec<Tensor<4>>),
 }
@@ -36,14 +40,14 @@ impl Keep<'_> {
     /// Each row's first position (none when all start at 0).
     pub fn starts(&self) -> Vec<usize> {
         match self {
-            Keep::Cache(cache, places) => cache.starts(places),
+            Keep::Cache { starts, .. } => starts.to_vec(),
             _ => Vec::new(),
         }
     }
 
     /// Whether only the last position goes on after block `layer`'s attention.
     fn last_only(&self, layer: usize) -> bool {
-        matches!(self, Keep::Cache(cache, _) if layer + 1 == cache.n_layer())
+        matches!(self, Keep::Cache { cache, .. } if layer + 1 == cache.n_layer())
     }
 }
 
@@ -148,13 +152,16 @@ impl CausalSelfAttention {
                 },
                 composite => self.composite(qkv, None, &[], pass).0,
             ),
-            Keep::Cache(cache, places) => {
-                let starts = cache.starts(places);
+            Keep::Cache {
+                cache,
+                places,
+                starts,
+            } => {
                 let kv = cache.take(layer, &qkv, self.layout);
                 let layout = self.layout;
                 let (y, kv) = fused_or!(pass.fused,
-                    fused => fused::cached_attention(qkv, kv, &starts, places, layout, last_only),
-                    composite => self.composite_cached(qkv, kv, &starts, places, pass),
+                    fused => fused::cached_attention(qkv, kv, starts, places, layout, last_only),
+                    composite => self.composite_cached(qkv, kv, starts, places, pass),
                 );
                 cache.put(layer, kv);
                 y
@@ -212,15 +219,14 @@ impl CausalSelfAttention {
         // Past block positions a row sees every slot: its last block, in ring order.
         let end = (starts.iter().max().copied().unwrap_or(0) + t).min(block);
         // The pass's rows' first `end` positions, `[B, end, KV]`.
+        let index = (!run).then(|| {
+            let places: Vec<i64> = places.iter().map(|&p| p as i64).collect();
+            Tensor::<1, Int>::from_data(TensorData::new(places, [b]), &values.device())
+        });
         let seen = |buffer: &Tensor<3>, dim: usize| {
-            let rows = if run {
-                buffer.clone().narrow(0, first, b)
-            } else {
-                let places: Vec<i64> = places.iter().map(|&p| p as i64).collect();
-                let places = TensorData::new(places, [b]);
-                buffer
-                    .clone()
-                    .select(0, Tensor::<1, Int>::from_data(places, &buffer.device()))
+            let rows = match &index {
+                None => buffer.clone().narrow(0, first, b),
+                Some(index) => buffer.clone().select(0, index.clone()),
             };
             let rows = rows.narrow(dim, 0, end);
             if dim == 2 { rows.swap_dims(1, 2) } else { rows }

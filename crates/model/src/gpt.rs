@@ -129,13 +129,10 @@ impl Gpt {
             "a cache made for another model (Gpt::new_cache)"
         );
         assert_eq!(places.len(), b, "one place per row");
+        let starts = cache.starts(places);
         let slides = t_new == 1 && self.cache_slides();
         assert!(
-            slides
-                || cache
-                    .starts(places)
-                    .iter()
-                    .all(|&len| len + t_new <= self.block_size()),
+            slides || starts.iter().all(|&len| len + t_new <= self.block_size()),
             "the cache holds at most block_size positions (past them, rotary positions slide one \
              token at a time)"
         );
@@ -143,7 +140,12 @@ impl Gpt {
         // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
         // threads costs more than they gain (measured in BENCHMARKS.md).
         const SMALL_PASS: usize = 200_000_000;
-        let run = || self.logits(idx, pass, &mut Keep::Cache(cache, places)); // (B, 1, V)
+        let mut keep = Keep::Cache {
+            cache,
+            places,
+            starts: &starts,
+        };
+        let run = || self.logits(idx, pass, &mut keep); // (B, 1, V)
         let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
             pools::one_thread(run)
         } else {

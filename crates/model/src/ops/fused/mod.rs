@@ -89,9 +89,8 @@ pub trait Layers: burn::backend::Backend {
 pub trait Inference: burn::backend::Backend {
     /// Attention of the new positions `[S, T_new, W]` over a key/value cache (keys
     /// `[P, KV, block]`, values `[P, block, KV]`) that they are written into: text `s` in place
-    /// `places[s]`, after the `starts[s]`
-    /// positions it has there; returns `(y, keys, values)`, `y` being `[S, T_new, C]` or, with
-    /// `last_only`, `[S, 1, C]`.
+    /// `places[s]`, after the `starts[s]` positions it has there; returns `(y, keys, values)`,
+    /// `y` being `[S, T_new, C]` or, with `last_only`, `[S, 1, C]`.
     fn cached_attention(
         qkv: FloatTensor<Self>,
         keys: FloatTensor<Self>,
