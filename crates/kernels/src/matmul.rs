@@ -93,6 +93,13 @@ const PARALLEL_WORK: usize = 96 * 96 * 96;
 /// packing of the other operand to be paid over many rows.
 const SHARE: usize = 512;
 
+/// Rows from which a product that no dimension cuts into shares is cut into two halves of rows
+/// when it runs in a pool of several threads (a batched decoding step: 32 texts by the model's
+/// width), so that it runs on two of them. Each row's values are computed as in the whole
+/// product (the same bits, tested), so the result still does not depend on the threads
+/// (BENCHMARKS.md, section 33).
+const HALVED_ROWS: usize = 16;
+
 /// Shares of a dimension of `len`: a power of two (so that they spread evenly over 2, 4, 8...
 /// threads), about `len / SHARE`, and at most 16.
 fn shares(len: usize) -> usize {
@@ -109,8 +116,9 @@ fn shares(len: usize) -> usize {
 /// A large product is cut into shares, each computed on one thread by gemm: blocks of rows of
 /// `out` when it has many rows; otherwise, when the inner dimension is long (a weight's gradient
 /// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order; otherwise
-/// blocks of columns of `out`. The
-/// shares depend only on the shapes, so the result does not depend on the number of threads.
+/// blocks of columns of `out`; otherwise, with at least [`HALVED_ROWS`] rows and several
+/// threads, two blocks of rows, which give the same bits as one. The other shares depend only on
+/// the shapes, so the result does not depend on the number of threads.
 /// (gemm's own threading was measured slower on the model's products, which are small for it.)
 pub fn matmul(out: &mut [f32], a: Mat, b: Mat, accumulate: bool) {
     assert_eq!(
@@ -150,7 +158,11 @@ pub fn product(a: Mat, b: Mat) -> Vec<f32> {
 unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
-    let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
+    let (mut row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
+    let halves = m >= HALVED_ROWS && rayon::current_num_threads() > 1;
+    if row_shares < 2 && inner_shares < 2 && col_shares < 2 && halves {
+        row_shares = 2;
+    }
     if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2 && col_shares < 2) {
         // SAFETY: the whole output, as this function's caller promises.
         unsafe { strided_matmul(out, (n as isize, 1), a, b, accumulate) };
@@ -335,6 +347,28 @@ mod tests {
             matmul(&mut out, am, bm, true);
             let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
             assert_eq!(out, twice, "accumulate, {m}x{k}x{n}");
+        }
+    }
+
+    #[test]
+    fn a_product_halved_by_rows_gives_the_bits_of_the_whole() {
+        // Shapes of a batched decoding step (rows: texts; the default model's widths), where
+        // no dimension is long enough for the other cuts; an odd number of rows; floats that
+        // round.
+        for (m, k, n) in [(16, 128, 512), (32, 128, 384), (32, 512, 128), (33, 512, 384)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1013) as f32 / 977.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 1009) as f32 / 991.0 - 0.5).collect();
+            let (am, bm) = (Mat::new(&a, m, k), Mat::new(&b, k, n));
+            let mut whole = vec![0.0; m * n];
+            // SAFETY: `whole` holds the m x n values and is borrowed mutably.
+            unsafe { strided_matmul(whole.as_mut_ptr(), (n as isize, 1), am, bm, false) };
+            let halves = rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap()
+                .install(|| product(am, bm));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&halves), bits(&whole), "{m}x{k}x{n}");
         }
     }
 
