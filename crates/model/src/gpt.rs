@@ -138,9 +138,9 @@ impl Gpt {
         );
         let pass = self.pass(&idx.device(), None);
         // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
-        // threads costs more than they gain: one token of the default model (0.9 M weights)
-        // or of the 6-layer one (10.7 M), or 16 texts' tokens of the default model. 32 texts'
-        // tokens share the cores (BENCHMARKS.md, sections 10 and 33).
+        // threads costs more than they gain: one token of the default model (0.8 M weights)
+        // or of the 6-layer one (10.7 M), or up to 24 texts' tokens of the default model. 32
+        // texts' tokens share the cores (BENCHMARKS.md, sections 10 and 33).
         const SMALL_PASS: usize = 20_000_000;
         let mut keep = Keep::Cache {
             cache,
