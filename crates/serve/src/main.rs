@@ -95,6 +95,9 @@ struct Args {
 }
 
 fn main() {
+    if let Err(e) = cinder::without_huge_pages() {
+        eprintln!("warning: transparent huge pages stay on ({e}): memory may grow in 2 MiB steps");
+    }
     exit_on_error(run(Args::parse()));
 }
 

@@ -273,6 +273,13 @@ fn models_health_ids_and_the_api_key() {
             "sesame",
         ],
     );
+    // Transparent huge pages are off: with them the soak's memory rose in 2 MiB steps
+    // (BENCHMARKS.md section 34). Linux says so from 5.0 on.
+    if cfg!(target_os = "linux") {
+        let status = read(Path::new(&format!("/proc/{}/status", server.child.id())));
+        let thp = status.lines().find(|line| line.starts_with("THP_enabled:"));
+        assert_eq!(thp.map(|line| line.split_whitespace().nth(1)), Some(Some("0")));
+    }
     let (status, health) = server.get("/health");
     assert_eq!(status, 200);
     assert_eq!(health["status"], "ok");
