@@ -355,9 +355,18 @@ mod tests {
         // Shapes of a batched decoding step (rows: texts; the default model's widths), where
         // no dimension is long enough for the other cuts; an odd number of rows; floats that
         // round.
-        for (m, k, n) in [(16, 128, 512), (32, 128, 384), (32, 512, 128), (33, 512, 384)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1013) as f32 / 977.0 - 0.5).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 1009) as f32 / 991.0 - 0.5).collect();
+        for (m, k, n) in [
+            (16, 128, 512),
+            (32, 128, 384),
+            (32, 512, 128),
+            (33, 512, 384),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7919) % 1013) as f32 / 977.0 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 104_729) % 1009) as f32 / 991.0 - 0.5)
+                .collect();
             let (am, bm) = (Mat::new(&a, m, k), Mat::new(&b, k, n));
             let mut whole = vec![0.0; m * n];
             // SAFETY: `whole` holds the m x n values and is borrowed mutably.

@@ -273,6 +273,50 @@ fn cached_logits_equal_full_forward() {
 }
 
 #[test]
+fn a_pass_of_several_tokens_continues_texts_of_different_lengths() {
+    let device = device();
+    let grouped = {
+        let config = modern(&device)
+            .0
+            .with_n_embd(128)
+            .with_n_head(4)
+            .with_n_kv_head(2);
+        seeded(&device, 46, || config.init(&device).unwrap())
+    };
+    let models = [
+        ("tiny", tiny(&device).1),
+        ("modern", modern(&device).1),
+        ("grouped heads of 32", grouped),
+    ];
+    for ops in [Ops::Fused, Ops::Composite] {
+        for (name, model) in &models {
+            let model = model.clone().with_ops(ops);
+            let (a, b): (Vec<i64>, Vec<i64>) = (vec![3, 1, 4, 1, 5, 9], vec![2, 7, 1, 8]);
+            let mut cache = model.new_cache(2);
+            let places = [cache.claim(), cache.claim()];
+            // Text a has 3 tokens cached and text b 1; then 2 more each in one pass, from
+            // positions 3 and 1.
+            model.forward_cached(ids(&[&a[..3]], &device), &mut cache, &places[..1]);
+            model.forward_cached(ids(&[&b[..1]], &device), &mut cache, &places[1..]);
+            let both = ids(&[&a[3..5], &b[1..3]], &device);
+            let cached = to_vec(model.forward_cached(both, &mut cache, &places));
+            assert_eq!(places.map(|p| cache.len(p)), [Some(5), Some(3)]);
+            let last = |text: &[i64]| {
+                let t = text.len() - 1;
+                to_vec(
+                    model
+                        .forward(ids(&[text], &device))
+                        .slice(s![.., t..=t, ..]),
+                )
+            };
+            let full = [last(&a[..5]), last(&b[..3])].concat();
+            let diff = max_diff(&full, &cached);
+            assert!(diff < 1e-4, "{ops:?}, {name}: max difference {diff}");
+        }
+    }
+}
+
+#[test]
 fn attention_weights_are_causal_rows_that_reproduce_the_output() {
     let device = device();
     let (_, model) = tiny(&device);

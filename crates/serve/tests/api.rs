@@ -278,7 +278,10 @@ fn models_health_ids_and_the_api_key() {
     if cfg!(target_os = "linux") {
         let status = read(Path::new(&format!("/proc/{}/status", server.child.id())));
         let thp = status.lines().find(|line| line.starts_with("THP_enabled:"));
-        assert_eq!(thp.map(|line| line.split_whitespace().nth(1)), Some(Some("0")));
+        assert_eq!(
+            thp.map(|line| line.split_whitespace().nth(1)),
+            Some(Some("0"))
+        );
     }
     let (status, health) = server.get("/health");
     assert_eq!(status, 200);
