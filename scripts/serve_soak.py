@@ -10,8 +10,7 @@ shares. After each share, with every request answered, it reads the server's VmR
 threads: it prints the first RSS, the last, their ratio, the peak (VmHWM) and every share's RSS
 and threads. `MIMALLOC_PURGE_DELAY=0` in its environment (the server's) makes each reading the
 memory in use rather than what the allocator keeps for reuse (with the allocator's default the
-readings move by about 6%, with no trend). `serve` turns transparent huge pages off: with them its
-memory rose in 2 MiB steps (BENCHMARKS.md section 34). It fails (exit 1) when the end's RSS is more than
+readings move by about 6%, with no trend; BENCHMARKS.md section 34). It fails (exit 1) when the end's RSS is more than
 5% over the first's, or when any request failed. The standard library only.
 """
 

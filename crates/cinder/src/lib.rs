@@ -43,18 +43,20 @@ pub fn keep_freed_memory() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
-/// Turns Linux's transparent huge pages off for this process, so that its memory follows what it
-/// holds: a long-running server's. The allocator asks for huge pages, and the kernel then keeps
-/// each 2 MiB region it touched resident whole: over a soak of 1,000 requests `serve`'s memory
-/// rose 10-17% in 2 MiB steps while the bytes it held stayed the same, and without them it held
-/// level at about half as much, at the same speed (BENCHMARKS.md section 34). Training keeps
-/// them. An error (a kernel without the setting, older than 3.15) leaves them on.
+/// Turns Linux's transparent huge pages off for this process (and what it starts), so that a
+/// long-running server's memory follows what it holds: the allocator asks for huge pages, and
+/// the kernel then keeps each 2 MiB region it touched resident whole, so `serve`'s memory rose
+/// in 2 MiB steps over a soak while the bytes it held stayed the same (BENCHMARKS.md section
+/// 34). Training keeps them. An error (a Linux older than 3.15) leaves them on; elsewhere than
+/// Linux this does nothing.
 pub fn without_huge_pages() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: PR_SET_THP_DISABLE takes one integer argument and changes only whether the
+        let (set, zero): (libc::c_ulong, libc::c_ulong) = (1, 0);
+        // SAFETY: PR_SET_THP_DISABLE reads its second argument (1: disable) and requires the
+        // other three to be zero; it touches no memory of ours and changes only whether the
         // kernel backs this process's memory with huge pages from now on.
-        if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+        if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, set, zero, zero, zero) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
     }

@@ -352,14 +352,20 @@ mod tests {
 
     #[test]
     fn a_product_halved_by_rows_gives_the_bits_of_the_whole() {
-        // Shapes of a batched decoding step (rows: texts; the default model's widths), where
-        // no dimension is long enough for the other cuts; an odd number of rows; floats that
-        // round.
-        for (m, k, n) in [
-            (16, 128, 512),
-            (32, 128, 384),
-            (32, 512, 128),
-            (33, 512, 384),
+        // Shapes of a batched decoding step (rows: texts; the default model's widths) and of
+        // Muon's shares (64 rows, a transposed operand, added to what is there), where no
+        // dimension is long enough for the other cuts; an odd number of rows; floats that round.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (m, k, n, tb, accumulate) in [
+            (16, 128, 512, false, false),
+            (32, 128, 384, false, false),
+            (32, 512, 128, false, false),
+            (33, 512, 384, false, false),
+            (64, 384, 128, true, true),
         ] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 1013) as f32 / 977.0 - 0.5)
@@ -367,17 +373,23 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 104_729) % 1009) as f32 / 991.0 - 0.5)
                 .collect();
-            let (am, bm) = (Mat::new(&a, m, k), Mat::new(&b, k, n));
-            let mut whole = vec![0.0; m * n];
-            // SAFETY: `whole` holds the m x n values and is borrowed mutably.
-            unsafe { strided_matmul(whole.as_mut_ptr(), (n as isize, 1), am, bm, false) };
-            let halves = rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap()
-                .install(|| product(am, bm));
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let am = Mat::new(&a, m, k);
+            let bm = if tb {
+                Mat::new(&b, n, k).t()
+            } else {
+                Mat::new(&b, k, n)
+            };
+            let first: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 / 3.0).collect();
+            let mut whole = first.clone();
+            // SAFETY: `whole` holds the m x n values, initialised, and is borrowed mutably.
+            unsafe { strided_matmul(whole.as_mut_ptr(), (n as isize, 1), am, bm, accumulate) };
+            let mut halves = first.clone();
+            pool.install(|| matmul(&mut halves, am, bm, accumulate));
             assert_eq!(bits(&halves), bits(&whole), "{m}x{k}x{n}");
+            if !accumulate {
+                let new = pool.install(|| product(am, bm));
+                assert_eq!(bits(&new), bits(&whole), "a new buffer, {m}x{k}x{n}");
+            }
         }
     }
 

@@ -78,8 +78,8 @@ pub fn orthogonalise(u: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
 /// matrices of `widths` columns (none: one), all at once: the updates run in parallel, one to a
 /// thread, where one alone splits each of its small products between the threads, which then
 /// spend much of their time handing work over (BENCHMARKS.md, section 26). Each is computed as
-/// [`orthogonalise`] computes it alone (the share of a product is set by its shape, never by
-/// the threads), so the result is the same, bit for bit.
+/// [`orthogonalise`] computes it alone (a product's result never depends on the threads:
+/// `matmul`), so the result is the same, bit for bit.
 ///
 /// # Shapes
 /// - u: the updates' `rows * cols` values, one after the other; output: the same
