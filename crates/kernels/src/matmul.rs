@@ -158,12 +158,14 @@ pub fn product(a: Mat, b: Mat) -> Vec<f32> {
 unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
-    let (mut row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
-    let halves = m >= HALVED_ROWS && rayon::current_num_threads() > 1;
-    if row_shares < 2 && inner_shares < 2 && col_shares < 2 && halves {
-        row_shares = 2;
-    }
-    if m * n * k < PARALLEL_WORK || (row_shares < 2 && inner_shares < 2 && col_shares < 2) {
+    let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
+    let uncut = row_shares < 2 && inner_shares < 2 && col_shares < 2;
+    let row_shares = if uncut && m >= HALVED_ROWS && rayon::current_num_threads() > 1 {
+        2
+    } else {
+        row_shares
+    };
+    if m * n * k < PARALLEL_WORK || (uncut && row_shares < 2) {
         // SAFETY: the whole output, as this function's caller promises.
         unsafe { strided_matmul(out, (n as isize, 1), a, b, accumulate) };
     } else if row_shares >= 2 {
