@@ -30,7 +30,11 @@ clients whose text differs from what the same request gives alone on an idle ser
 invariance), asked afterwards one at a time.
 
 With --generate it first measures the ceiling, `generate --num-samples 32 --max-new-tokens TOKENS`
-(tokens/s of 32 samples decoded as one batch, without HTTP), on the same checkpoint.
+(tokens/s of 32 samples decoded as one batch, without HTTP), on the same checkpoint. With
+--interleave too, each turn also runs `generate` with 32 samples and with one (the server idle
+meanwhile): the engine's own speed-up of batching, measured beside the bursts, and a last column
+with each burst's speed-up over the engine's of its turn (32 samples over one, whatever the row's
+clients: the reference for 32 clients), median and range.
 """
 
 import argparse
@@ -255,9 +259,11 @@ class Row:
         self.rates.append(sum(r[2]["completion_tokens"] for r in results if r[2]) / wall)
         self.ttfts += [r[4] for r in results if r[4] is not None]
 
-    def line(self, args, server, one=None):
+    def line(self, args, server, one=None, engine=None):
         """The table's row: with `one` (the row of one client, its bursts interleaved with
-        these), the median of each burst's tokens/s over the one-client burst beside it."""
+        these), the median of each burst's tokens/s over the one-client burst beside it; with
+        `engine` too (`generate`'s tokens/s with 32 samples and with one, a pair per turn), that
+        speed-up over the engine's of the same turn."""
         peak = peak_rss_mib(server.process.pid)
         ttfts = sorted(self.ttfts)
         p99 = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))] if ttfts else float("nan")
@@ -270,6 +276,10 @@ class Row:
         if one is not None:
             ratios = sorted(r / o for r, o in zip(self.rates, one.rates))
             ratio = (f" {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+        if one is not None and engine is not None:
+            of = sorted(r / o / (many / single) for r, o, many, single
+                        in zip(self.rates, one.rates, *engine))
+            ratio += f" {statistics.median(of):.2f} ({of[0]:.2f}-{of[-1]:.2f}) |"
         return (f"| {self.clients} | {statistics.median(self.rates):.0f} ({spread}) | "
                 f"{statistics.median(ttfts) * 1000:.0f} | {p99 * 1000:.0f} | {peak:.0f} | "
                 f"{self.bad} | {differ} of {checked} | "
@@ -289,26 +299,43 @@ def run(args, clients):
 def interleaved(args):
     """Every row on one server, their bursts taken in turn (1, 8, 32, 64, 1, 8, ...): on a
     machine whose speed drifts, each burst is measured beside the others, and each row also
-    shows its bursts' tokens/s over the one-client burst of the same turn. Peak memory is then
-    the server's over all rows."""
+    shows its bursts' tokens/s over the one-client burst of the same turn. With --generate,
+    each turn also runs the engine alone (32 samples, then one), and each row shows its speed-up
+    over the engine's of the same turn. Peak memory is then the server's over all rows."""
     counts = sorted(set(args.clients) | {1})
+    engine = ([], []) if args.generate else None
     with Server(args) as server:
         rows = [Row(c) for c in counts]
         for _ in range(args.repeat):
+            if engine:
+                for rates, samples in zip(engine, (32, 1)):
+                    rates.append(generate_rate(args, samples))
             for row in rows:
                 row.burst(args, server)
-        return [row.line(args, server, rows[0]) for row in rows]
+        lines = [row.line(args, server, rows[0], engine) for row in rows]
+    preamble = []
+    if engine:
+        ratios = sorted(many / one for many, one in zip(*engine))
+        preamble.append(f"engine: generate --num-samples 32 over 1 sample, --max-new-tokens "
+                        f"{args.tokens}, in each turn: {statistics.median(ratios):.2f}x "
+                        f"({ratios[0]:.2f}-{ratios[-1]:.2f}); 32 samples "
+                        f"{statistics.median(engine[0]):.0f} tokens/s, one "
+                        f"{statistics.median(engine[1]):.0f}\n")
+    return preamble, lines
+
+
+def generate_rate(args, samples):
+    """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS` (its own report)."""
+    out = subprocess.run(
+        [args.generate, "--checkpoint", args.checkpoint, "--num-samples", str(samples),
+         "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1"],
+        capture_output=True, text=True, check=True)
+    # generate reports its own sampling speed on stderr.
+    return float(re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr).group(1))
 
 
 def ceiling(args):
-    rates = []
-    for _ in range(args.repeat):
-        out = subprocess.run(
-            [args.generate, "--checkpoint", args.checkpoint, "--num-samples", "32",
-             "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1"],
-            capture_output=True, text=True, check=True)
-        # generate reports its own sampling speed on stderr.
-        rates.append(float(re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr).group(1)))
+    rates = [generate_rate(args, 32) for _ in range(args.repeat)]
     return (f"ceiling: generate --num-samples 32 --max-new-tokens {args.tokens}: "
             f"{statistics.median(rates):.0f} tokens/s (median of {args.repeat}, "
             f"{min(rates):.0f}-{max(rates):.0f})")
@@ -338,15 +365,22 @@ def main():
     args = p.parse_args()
     args.empty = os.path.join("/tmp", f"serve-load-empty-{os.getpid()}")
     os.makedirs(args.empty, exist_ok=True)
-    if args.generate:
+    if args.generate and not args.interleave:
         print(ceiling(args), flush=True)
     head = ("| clients | tokens/s, median (range) | TTFT median (ms) | TTFT p99 (ms) | peak RSS (MiB) "
             "| failed or truncated | differ from alone | cores busy: engine / HTTP / clients |")
-    print(head + (" x one client, median (range) |" if args.interleave else ""))
-    print("| --- " * (9 if args.interleave else 8) + "|", flush=True)
+    columns = 8
     if args.interleave:
-        print("\n".join(interleaved(args)), flush=True)
+        head += " x one client, median (range) |"
+        columns += 1
+        if args.generate:
+            head += " over the engine's x, median (range) |"
+            columns += 1
+        preamble, lines = interleaved(args)
+        print("\n".join([*preamble, head, "| --- " * columns + "|", *lines]), flush=True)
         return
+    print(head)
+    print("| --- " * columns + "|", flush=True)
     for clients in args.clients:
         print(run(args, clients), flush=True)
 
