@@ -22,19 +22,20 @@ more of the cores than the one reading thread).
 
 With --interleave every row runs on one server and their bursts are taken in turn (1, 8, 32,
 64, 1, ...), so that on a machine whose speed drifts each burst is measured beside the others;
-a last column gives each burst's tokens/s over the one-client burst of its turn (median and
-range): the speed-up of batching, measured side by side.
+a column gives each burst's tokens/s over the one-client burst of its turn (median and range):
+the speed-up of batching, measured side by side.
 
 Every client sends a seed (its index) and temperature 0.8: "differ from alone" counts the
 clients whose text differs from what the same request gives alone on an idle server (batch
 invariance), asked afterwards one at a time.
 
-With --generate it first measures the ceiling, `generate --num-samples 32 --max-new-tokens TOKENS`
-(tokens/s of 32 samples decoded as one batch, without HTTP), on the same checkpoint. With
---interleave too, each turn also runs `generate` with 32 samples and with one (the server idle
-meanwhile): the engine's own speed-up of batching, measured beside the bursts, and a last column
-with each burst's speed-up over the engine's of its turn (32 samples over one, whatever the row's
-clients: the reference for 32 clients), median and range.
+With --generate (and without --interleave) it first measures the ceiling, `generate
+--num-samples 32 --max-new-tokens TOKENS` (tokens/s of 32 samples decoded as one batch, without
+HTTP), on the same checkpoint and prompt. With --interleave, each turn instead runs `generate`
+with 32 samples and with one (the server idle meanwhile): the engine's own speed-up of batching,
+measured beside the bursts (a line before the table gives its median and its tokens/s), and a
+last column gives each burst's speed-up over the engine's 32 over one of its turn (median and
+range; the reference for 32 clients, whatever the row's clients; none for one client).
 """
 
 import argparse
@@ -178,8 +179,12 @@ def request(port, body):
     return parse(burst(port, [body])[0])
 
 
+# Every client's prompt, and the engine's with --generate.
+PROMPT = "ROMEO:"
+
+
 def body(model, seed, tokens, stream=True):
-    return {"model": model, "prompt": "ROMEO:", "max_tokens": tokens, "temperature": 0.8,
+    return {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0.8,
             "seed": seed, "stream": stream, "stream_options": {"include_usage": True}}
 
 
@@ -276,10 +281,12 @@ class Row:
         if one is not None:
             ratios = sorted(r / o for r, o in zip(self.rates, one.rates))
             ratio = (f" {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
-        if one is not None and engine is not None:
+        if one is not None and engine is not None and self is not one:
             of = sorted(r / o / (many / single) for r, o, many, single
                         in zip(self.rates, one.rates, *engine))
             ratio += f" {statistics.median(of):.2f} ({of[0]:.2f}-{of[-1]:.2f}) |"
+        elif engine is not None:
+            ratio += " - |"
         return (f"| {self.clients} | {statistics.median(self.rates):.0f} ({spread}) | "
                 f"{statistics.median(ttfts) * 1000:.0f} | {p99 * 1000:.0f} | {peak:.0f} | "
                 f"{self.bad} | {differ} of {checked} | "
@@ -328,7 +335,8 @@ def generate_rate(args, samples):
     """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS` (its own report)."""
     out = subprocess.run(
         [args.generate, "--checkpoint", args.checkpoint, "--num-samples", str(samples),
-         "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1"],
+         "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1",
+         "--prompt", PROMPT],
         capture_output=True, text=True, check=True)
     # generate reports its own sampling speed on stderr.
     return float(re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr).group(1))
@@ -356,7 +364,8 @@ def main():
                         "with the range")
     p.add_argument("--interleave", action="store_true",
                    help="run every row on one server, taking their bursts in turn, and add a "
-                        "column: each burst's tokens/s over the one-client burst of its turn")
+                        "column: each burst's tokens/s over the one-client burst of its turn "
+                        "(with --generate, another: that over the engine's 32 over one)")
     p.add_argument("--threads", action="store_true",
                    help="a thread per client, each reading its own connection, instead of one "
                         "thread reading every connection")
@@ -374,7 +383,7 @@ def main():
         head += " x one client, median (range) |"
         columns += 1
         if args.generate:
-            head += " over the engine's x, median (range) |"
+            head += " over the engine's 32 over 1, median (range) |"
             columns += 1
         preamble, lines = interleaved(args)
         print("\n".join([*preamble, head, "| --- " * columns + "|", *lines]), flush=True)
