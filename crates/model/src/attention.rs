@@ -11,7 +11,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::cache::{KvCache, LayerKv};
+use crate::cache::{KvPart, LayerKv};
 use crate::config::{GptConfig, Position};
 use crate::init::{self, INIT_STD};
 #[cfg(feature = "flex")]
@@ -24,11 +24,11 @@ use cinder_kernels::QkvLayout;
 pub(crate) enum Keep<'a> {
     /// Nothing: every position attends over the pass's own tokens (training, evaluation).
     Nothing,
-    /// Row `b`'s tokens follow the `starts[b]` of the text in place `places[b]` of the cache
-    /// (read once per pass: [`KvCache::starts`]), which is extended with theirs; only the last
+    /// Row `b`'s tokens follow the `starts[b]` of the text in place `places[b]` of a part of the
+    /// cache (read once per pass: `KvCache::split`), which is extended with theirs; only the last
     /// position leaves the last block (the next token's logits are all a sampler needs).
     Cache {
-        cache: &'a mut KvCache,
+        cache: &'a mut KvPart,
         places: &'a [usize],
         starts: &'a [usize],
     },

@@ -13,18 +13,35 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// Keys and values of every layer for the tokens already fed through
 /// [`crate::Gpt::forward_cached`], for texts decoded together, each in a place of its own.
 ///
-/// The buffers are made by the first pass, for the places asked for ([`crate::Gpt::new_cache`])
-/// and `block_size` positions each (the model's context), and written in place (by
-/// `slice_assign` on the composite layers). A text takes a free place when it joins
-/// ([`KvCache::claim`]) and gives it back when it leaves ([`KvCache::release`]): no other
-/// text's keys move, and nothing is allocated while texts come and go within the places there
-/// are. A text that finds none free doubles them: the buffers grow to the most texts decoded at
-/// once (at most twice as many places), once, and are kept.
+/// The places lie in parts, each with buffers of its own: a pass over texts of several parts
+/// runs each part's texts on a thread of its own, from the embedding to the logits
+/// ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work between the threads
+/// (BENCHMARKS.md section 36). A text's logits do not depend on its part. A cache has one part
+/// unless [`crate::Gpt::new_cache`] gives it more.
+///
+/// A part's buffers are made by its first pass, for its places and `block_size` positions each
+/// (the model's context), and written in place (by `slice_assign` on the composite layers). A
+/// text takes a free place when it joins ([`KvCache::claim`]) and gives it back when it leaves
+/// ([`KvCache::release`]): no other text's keys move, and nothing is allocated while texts come
+/// and go within the places there are. A text that finds none free in its part doubles the
+/// part's: its buffers grow to the most texts it has held at once (at most twice as many
+/// places), once, and are kept.
 /// Each text holds its own number of positions: texts decoded together may have started at
 /// different times. Past `block_size`, a cache of rotary positions slides: position `p` is
 /// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]).
 #[derive(Debug, Clone)]
 pub struct KvCache {
+    /// Place `p` is place `p / parts.len()` of part `p % parts.len()`: a part's places keep
+    /// their numbers when it grows.
+    parts: Vec<KvPart>,
+    /// Texts the first part takes before the others take any ([`KvCache::claim`]).
+    first_alone: usize,
+}
+
+/// Some of a cache's places, with buffers of their own: what one pass over its texts reads and
+/// extends ([`crate::Gpt::forward_cached`]).
+#[derive(Debug, Clone)]
+pub(crate) struct KvPart {
     layers: Vec<Option<LayerKv>>,
     /// Positions each place holds (the model's context).
     block_size: usize,
@@ -33,86 +50,142 @@ pub struct KvCache {
     lens: Vec<Option<usize>>,
 }
 
+/// The rows of a pass whose texts lie in one part of the cache: [`KvCache::split`].
+pub(crate) struct PartPass<'a> {
+    /// The part.
+    pub part: &'a mut KvPart,
+    /// The pass's rows whose texts lie there, in order.
+    pub rows: Vec<usize>,
+    /// Each row's place in the part, and the positions its text has there.
+    pub places: Vec<usize>,
+    pub starts: Vec<usize>,
+}
+
 impl KvCache {
     /// An empty cache for a model of `n_layer` blocks and a context of `block_size` positions,
-    /// with room for `places` texts (its buffers are made by the first pass):
+    /// with room for `places` texts in `parts` parts (the first takes `first_alone` texts
+    /// before the others take any; its buffers are made by the first pass):
     /// [`crate::Gpt::new_cache`] makes one for a model.
-    pub(crate) fn new(n_layer: usize, block_size: usize, places: usize) -> Self {
-        Self {
+    pub(crate) fn new(
+        n_layer: usize,
+        block_size: usize,
+        places: usize,
+        parts: usize,
+        first_alone: usize,
+    ) -> Self {
+        let parts = parts.max(1);
+        // The places shared out, the first parts taking one more where they do not divide.
+        let part = |i: usize| KvPart {
             layers: vec![None; n_layer],
             block_size,
-            lens: vec![None; places],
+            lens: vec![None; places / parts + usize::from(i < places % parts)],
+        };
+        Self {
+            parts: (0..parts).map(part).collect(),
+            first_alone,
         }
     }
 
-    /// A free place for a new text, which has seen nothing yet: the first free one. With none
-    /// free, the cache grows to twice its places (its buffers with it).
+    /// Part and place within it of place `place`.
+    fn locate(&self, place: usize) -> (usize, usize) {
+        (place % self.parts.len(), place / self.parts.len())
+    }
+
+    /// The length (or none, free) of place `place`, which exists.
+    fn len_mut(&mut self, place: usize) -> &mut Option<usize> {
+        let (part, at) = self.locate(place);
+        self.parts[part]
+            .lens
+            .get_mut(at)
+            .unwrap_or_else(|| panic!("place {place} is not taken"))
+    }
+
+    /// A free place for a new text, which has seen nothing yet. The first part takes
+    /// `first_alone` texts before the others take any; then the part that holds the fewest
+    /// texts (the first of those) takes it, in its first free place. With none free there, the
+    /// part grows to twice its places (its buffers with it).
     pub fn claim(&mut self) -> usize {
-        let place = match self.lens.iter().position(Option::is_none) {
+        let taken = |p: &KvPart| p.lens.iter().filter(|l| l.is_some()).count();
+        let part = if taken(&self.parts[0]) < self.first_alone {
+            0
+        } else {
+            (0..self.parts.len())
+                .min_by_key(|&i| taken(&self.parts[i]))
+                .expect("a cache has a part")
+        };
+        let lens = &mut self.parts[part].lens;
+        let at = match lens.iter().position(Option::is_none) {
             Some(free) => free,
             None => {
-                let taken = self.lens.len();
-                self.lens.resize(2 * taken.max(1), None);
-                taken
+                let held = lens.len();
+                lens.resize(2 * held.max(1), None);
+                held
             }
         };
-        self.lens[place] = Some(0);
-        place
+        lens[at] = Some(0);
+        at * self.parts.len() + part
     }
 
     /// Frees `place`: its text has left.
     pub fn release(&mut self, place: usize) {
-        assert!(self.lens[place].is_some(), "place {place} is not taken");
-        self.lens[place] = None;
+        let len = self.len_mut(place);
+        assert!(len.is_some(), "place {place} is not taken");
+        *len = None;
     }
 
     /// Forgets what the text in `place` has seen: it starts again from position 0.
     pub fn restart(&mut self, place: usize) {
-        assert!(self.lens[place].is_some(), "place {place} is not taken");
-        self.lens[place] = Some(0);
+        let len = self.len_mut(place);
+        assert!(len.is_some(), "place {place} is not taken");
+        *len = Some(0);
     }
 
     /// Positions the text in `place` has seen (the position of its next token; past
     /// `block_size`, the cache holds the last `block_size` of them); none for a free place.
     pub fn len(&self, place: usize) -> Option<usize> {
-        self.lens[place]
+        let (part, at) = self.locate(place);
+        self.parts[part].lens.get(at).copied().flatten()
     }
 
     /// Texts the cache has room for, taken or free.
     pub fn places(&self) -> usize {
-        self.lens.len()
+        self.parts.iter().map(|p| p.lens.len()).sum()
     }
 
     /// Frees every place, keeping the buffers for reuse.
     pub fn clear(&mut self) {
-        self.lens.iter_mut().for_each(|len| *len = None);
+        let lens = self.parts.iter_mut().flat_map(|p| &mut p.lens);
+        lens.for_each(|len| *len = None);
+    }
+
+    /// Parts the places lie in, each with buffers of its own.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
     }
 
     /// Number of layers.
     pub fn n_layer(&self) -> usize {
-        self.layers.len()
+        self.parts[0].n_layer()
     }
 
     /// Positions the cache holds at most.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.parts[0].block_size
     }
 
     /// Bytes of keys and values the buffers hold (each layer's keys `[P, KV, block_size]` and
-    /// values `[P, block_size, KV]`).
+    /// values `[P, block_size, KV]`, in every part).
     pub fn bytes(&self) -> usize {
-        let floats: usize = self
-            .layers
-            .iter()
+        let floats: usize = (self.parts.iter().flat_map(|p| &p.layers))
             .flatten()
             .map(|(k, v)| k.shape().num_elements() + v.shape().num_elements())
             .sum();
         floats * std::mem::size_of::<f32>()
     }
 
-    /// The first position of each text of a pass over the texts in `places`: taken, and
-    /// distinct (each text has a place of its own).
-    pub(crate) fn starts(&self, places: &[usize]) -> Vec<usize> {
+    /// A pass over the texts in `places` (taken, and distinct: each text has a place of its
+    /// own), by part: each part with texts in the pass, with its rows.
+    pub(crate) fn split(&mut self, places: &[usize]) -> Vec<PartPass<'_>> {
         let mut distinct = places.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
@@ -121,13 +194,36 @@ impl KvCache {
             places.len(),
             "two rows in one place: {places:?}"
         );
-        places
-            .iter()
-            .map(|&p| self.lens[p].unwrap_or_else(|| panic!("place {p} is not taken")))
-            .collect()
+        let n = self.parts.len();
+        let mut passes: Vec<_> = (self.parts.iter_mut())
+            .map(|part| PartPass {
+                part,
+                rows: Vec::new(),
+                places: Vec::new(),
+                starts: Vec::new(),
+            })
+            .collect();
+        for (row, &place) in places.iter().enumerate() {
+            let pass = &mut passes[place % n];
+            let at = place / n;
+            let len = pass.part.lens.get(at).copied().flatten();
+            pass.starts
+                .push(len.unwrap_or_else(|| panic!("place {place} is not taken")));
+            pass.rows.push(row);
+            pass.places.push(at);
+        }
+        passes.retain(|p| !p.rows.is_empty());
+        passes
+    }
+}
+
+impl KvPart {
+    /// Number of layers.
+    pub(crate) fn n_layer(&self) -> usize {
+        self.layers.len()
     }
 
-    /// Records that a pass added `t_new` positions to the texts in `places`.
+    /// Records that a pass added `t_new` positions to the texts in `places` (of this part).
     pub(crate) fn advance(&mut self, places: &[usize], t_new: usize) {
         for &p in places {
             *self.lens[p].as_mut().expect("a pass feeds taken places") += t_new;
@@ -135,10 +231,10 @@ impl KvCache {
     }
 
     /// The buffers of `layer`, for the `[B, T, W]` projection `qkv` laid out as `layout` says:
-    /// the cache's own, made for its places when there are none or too few (the places already
+    /// the part's own, made for its places when there are none or too few (the places already
     /// written kept).
     pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
-        let (places, block, kv) = (self.places(), self.block_size, layout.kv_width());
+        let (places, block, kv) = (self.lens.len(), self.block_size, layout.kv_width());
         let zeros = |shape| Tensor::<3>::zeros(shape, &qkv.device());
         let kept = self.layers[layer].take();
         if let Some((k, v)) = &kept {

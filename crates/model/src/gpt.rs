@@ -7,7 +7,7 @@ use burn::prelude::*;
 
 use crate::attention::Keep;
 use crate::block::Block;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, PartPass};
 use crate::config::{ConfigError, GptConfig, Norm, Position};
 use crate::init::{self, INIT_STD};
 use crate::ops::{self, DropoutKey, Ops, Pass};
@@ -129,23 +129,50 @@ impl Gpt {
             "a cache made for another model (Gpt::new_cache)"
         );
         assert_eq!(places.len(), b, "one place per row");
-        let starts = cache.starts(places);
+        let mut parts = cache.split(places);
         let slides = t_new == 1 && self.cache_slides();
         assert!(
-            slides || starts.iter().all(|&len| len + t_new <= self.block_size()),
+            slides
+                || (parts.iter().flat_map(|p| &p.starts))
+                    .all(|&len| len + t_new <= self.block_size()),
             "the cache holds at most block_size positions (past them, rotary positions slide one \
              token at a time)"
         );
         let pass = self.pass(&idx.device(), None);
-        // Multiply-adds (tokens x weights) below which a pass runs on one thread: waking
-        // threads costs more than they gain: one token of the default model (0.8 M weights)
-        // or of the 6-layer one (10.7 M), or up to 24 texts' tokens of the default model. 32
-        // texts' tokens share the cores (BENCHMARKS.md, sections 10 and 33).
-        const SMALL_PASS: usize = 20_000_000;
+        if let [part] = &mut parts[..] {
+            return self.part_pass(idx, part, pass); // its rows are all the pass's, in order
+        }
+        // Texts in several parts: each part's pass on a thread of its own (fused), their logits
+        // put back in the rows' order.
+        let device = idx.device();
+        let ints = |v: &[usize]| {
+            let ints: Vec<i64> = v.iter().map(|&i| i as i64).collect();
+            Tensor::<1, Int>::from_data(TensorData::new(ints, [v.len()]), &device)
+        };
+        let run = |part: &mut PartPass| {
+            let rows = idx.clone().select(0, ints(&part.rows));
+            self.part_pass(rows, part, pass)
+        };
+        let logits = if pass.fused {
+            pools::apart(&mut parts, run)
+        } else {
+            parts.iter_mut().map(run).collect()
+        };
+        let mut order = vec![0; b]; // row r's logits are at order[r] of the parts' in turn
+        for (at, &row) in parts.iter().flat_map(|p| &p.rows).enumerate() {
+            order[row] = at;
+        }
+        Tensor::cat(logits, 0).select(0, ints(&order))
+    }
+
+    /// The pass of [`Gpt::forward_cached`] over the texts of one part of its cache: `idx`
+    /// `[B, T_new]` holds `part`'s rows, in order. Logits `[B, vocab_size]`.
+    fn part_pass(&self, idx: Tensor<2, Int>, part: &mut PartPass, pass: Pass) -> Tensor<2> {
+        let [b, t_new] = idx.dims();
         let mut keep = Keep::Cache {
-            cache,
-            places,
-            starts: &starts,
+            cache: part.part,
+            places: &part.places,
+            starts: &part.starts,
         };
         let run = || self.logits(idx, pass, &mut keep); // (B, 1, V)
         let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
@@ -153,14 +180,32 @@ impl Gpt {
         } else {
             in_pool(pass, run)
         };
-        cache.advance(places, t_new);
+        part.part.advance(&part.places, t_new);
         logits.reshape([b, self.vocab_size()])
     }
 
     /// An empty key/value cache for this model, with room for `places` texts (a text that
-    /// finds none free doubles them): [`Gpt::forward_cached`]'s.
+    /// finds none free in its part doubles the part's): [`Gpt::forward_cached`]'s.
     pub fn new_cache(&self, places: usize) -> KvCache {
-        KvCache::new(self.n_layer(), self.block_size(), places)
+        self.new_cache_in_parts(places, self.cache_parts(places))
+    }
+
+    /// [`Gpt::new_cache`] with its places in `parts` parts (at least one; [`KvCache`]), given
+    /// where `new_cache` chooses them from the model and the machine. The logits are the same.
+    pub fn new_cache_in_parts(&self, places: usize, parts: usize) -> KvCache {
+        KvCache::new(self.n_layer(), self.block_size(), places, parts, PART_TEXTS)
+    }
+
+    /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, one for each of
+    /// rayon's threads while each gets `PART_TEXTS` texts, for a model whose pass over that many
+    /// runs on one thread (`SMALL_PASS`); else one. A larger model's weights, read once per part,
+    /// cost more than the threads save.
+    fn cache_parts(&self, places: usize) -> usize {
+        let fused = self.ops.fused_on(&self.head_weight().device());
+        if !fused || PART_TEXTS * self.num_params() >= SMALL_PASS {
+            return 1;
+        }
+        (places / PART_TEXTS).clamp(1, pools::threads())
     }
 
     /// Bytes of keys and values a cache of `places` texts holds once its buffers are made
@@ -280,6 +325,17 @@ fn drawn(model: Gpt) -> Gpt {
     model
 }
 
+/// Multiply-adds (tokens x weights) below which a cached pass runs on one thread: waking
+/// threads costs more than they gain: one token of the default model (0.8 M weights) or of the
+/// 6-layer one (10.7 M), or up to 24 texts' tokens of the default model (BENCHMARKS.md,
+/// sections 10 and 33).
+const SMALL_PASS: usize = 20_000_000;
+
+/// Texts each part of a cache gets at least, and those the first part takes before the others
+/// take any ([`KvCache::claim`]): a part's pass reads the weights once for its texts, which
+/// fewer would not repay (BENCHMARKS.md section 36).
+const PART_TEXTS: usize = 8;
+
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
 /// start without a hand-off to the pool and back. Inside [`sampling`], on every core of a pool of
 /// its own (rayon's default size, whatever pool the caller of `sampling` was in).
@@ -358,6 +414,43 @@ mod pools {
     /// Rayon's default number of threads: the larger passes of a sampling loop.
     pub fn wide() -> &'static ThreadPool {
         WIDE.get_or_init(|| build(0))
+    }
+
+    /// Threads of [`wide`]: the cores rayon uses.
+    pub fn threads() -> usize {
+        wide().current_num_threads()
+    }
+
+    /// The threads besides a caller's that run the other parts of [`apart`].
+    static OTHERS: OnceLock<ThreadPool> = OnceLock::new();
+
+    /// `f` of each item at once, results in order: the first on this thread (its one-thread
+    /// pool outside a sampling loop), the others on the other cores, one thread each (as many
+    /// items as cores: a thread of its own), where their passes run at once as in a sampling
+    /// loop. No item's work is shared between threads, so no thread waits for another until
+    /// all are done.
+    pub fn apart<T: Send, R: Send>(items: &mut [T], f: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
+        let Some((first, rest)) = items.split_first_mut() else {
+            return Vec::new();
+        };
+        let others = OTHERS.get_or_init(|| build(threads().saturating_sub(1).max(1)));
+        let mut results: Vec<Option<R>> = rest.iter().map(|_| None).collect();
+        let f = &f;
+        let first = one_thread(|| {
+            others.in_place_scope(|scope| {
+                for (item, result) in rest.iter_mut().zip(&mut results) {
+                    scope.spawn(move |_| {
+                        let _here = Sampling::start();
+                        *result = Some(f(item));
+                    });
+                }
+                f(first)
+            })
+        });
+        let rest = results
+            .into_iter()
+            .map(|r| r.expect("each part's pass ran"));
+        std::iter::once(first).chain(rest).collect()
     }
 
     fn build(threads: usize) -> ThreadPool {

@@ -273,6 +273,71 @@ fn cached_logits_equal_full_forward() {
 }
 
 #[test]
+fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
+    let device = device();
+    // Twelve texts in three parts: the first part takes eight (growing from its four places),
+    // then the two others take turns; place p is place p / 3 of part p % 3.
+    let model = modern(&device).1;
+    let mut parted = model.new_cache_in_parts(12, 3);
+    let places: Vec<usize> = (0..12).map(|_| parted.claim()).collect();
+    assert_eq!(places, [0, 3, 6, 9, 12, 15, 18, 21, 1, 2, 4, 5]);
+    assert_eq!((parted.parts(), parted.places()), (3, 16));
+    // A text leaves and another joins: the part with the fewest texts, its first free place.
+    parted.release(4);
+    assert_eq!(parted.claim(), 4);
+    let texts: Vec<Vec<i64>> = (0..12)
+        .map(|r| {
+            (0..7)
+                .map(|t| ((r * 5 + t * 3 + r * t) % 11) as i64)
+                .collect()
+        })
+        .collect();
+    for ops in [Ops::Fused, Ops::Composite] {
+        let model = model.clone().with_ops(ops);
+        let mut parted = model.new_cache_in_parts(12, 3);
+        let mut whole = model.new_cache(12);
+        assert_eq!(whole.parts(), 1, "a cache of 12 texts has one part");
+        let parted_places: Vec<usize> = (0..12).map(|_| parted.claim()).collect();
+        let whole_places: Vec<usize> = (0..12).map(|_| whole.claim()).collect();
+        // A prompt of 3 tokens, then one token at a time, the rows of every other pass reversed.
+        let mut diffs = Vec::new();
+        for (from, to) in [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)] {
+            let mut rows: Vec<usize> = (0..12).collect();
+            if from % 2 == 1 {
+                rows.reverse();
+            }
+            let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
+            let of = |places: &[usize]| rows.iter().map(|&r| places[r]).collect::<Vec<_>>();
+            let a = model.forward_cached(ids(&tokens, &device), &mut parted, &of(&parted_places));
+            let b = model.forward_cached(ids(&tokens, &device), &mut whole, &of(&whole_places));
+            diffs.push(max_diff(&to_vec(a), &to_vec(b)));
+        }
+        // The fused layers give each text the same values whatever texts run beside it.
+        let most = diffs.iter().copied().fold(0.0f32, f32::max);
+        let tolerance = if ops == Ops::Fused { 0.0 } else { 1e-5 };
+        assert!(most <= tolerance, "{ops:?}: differences {diffs:?}");
+        assert!(parted_places.iter().all(|&p| parted.len(p) == Some(7)));
+    }
+}
+
+#[test]
+fn a_cache_has_a_part_per_core_for_a_small_model_and_one_for_a_large_one() {
+    let device = device();
+    let small = modern(&device).1;
+    let threads = rayon::current_num_threads();
+    assert_eq!(small.new_cache(32).parts(), threads.min(4));
+    assert_eq!(small.new_cache(15).parts(), 1, "fewer than 8 texts a part");
+    assert_eq!(
+        small.clone().with_ops(Ops::Composite).new_cache(32).parts(),
+        1
+    );
+    // 3.2 M weights: 8 texts' pass would share the cores.
+    let config = modern(&device).0.with_n_embd(256).with_n_layer(4);
+    let large = seeded(&device, 47, || config.init(&device).unwrap());
+    assert_eq!(large.new_cache(32).parts(), 1);
+}
+
+#[test]
 fn a_pass_of_several_tokens_continues_texts_of_different_lengths() {
     let device = device();
     let grouped = {
