@@ -261,7 +261,8 @@ pub struct CachedShape {
     pub new: usize,
     /// Positions the cache holds for each text.
     pub block: usize,
-    /// Texts the cache has room for (its places, one per text, some of them free).
+    /// Texts the buffers have room for (their places, one per text, some of them free): a
+    /// part of the model's cache.
     pub room: usize,
     pub layout: QkvLayout,
 }

@@ -263,7 +263,9 @@ pub unsafe fn matmul_into_strided(
     unsafe { strided_matmul(out, stride, a, b, accumulate) };
 }
 
-/// `out = a · b` (or `+=`) on this thread, by gemm.
+/// `out = a · b` (or `+=`) on this thread, by gemm. A row's values do not depend on the rows
+/// beside it: gemm adds a product of one row into `out` term by term (its vector-times-matrix
+/// path), and of several rows whole, so one row's product is made first and added whole.
 ///
 /// # Safety
 /// `out` must be valid for writes at every `i * out_rs + j * out_cs` for `i < a.rows`,
@@ -276,6 +278,14 @@ unsafe fn strided_matmul(
     b: Mat,
     accumulate: bool,
 ) {
+    if accumulate && a.rows == 1 {
+        let row = product(a, b); // [1, n]
+        for (j, v) in row.into_iter().enumerate() {
+            // SAFETY: j < b.cols, within the row the caller promises.
+            unsafe { *out.offset(j as isize * out_cs) += v };
+        }
+        return;
+    }
     let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
     // SAFETY: a and b are within their slices (checked by Mat), the output as the caller
@@ -319,6 +329,48 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_row_of_a_product_does_not_depend_on_the_rows_beside_it() {
+        // A linear layer's output starts as its bias and the product is added (`accumulate`):
+        // one row alone (gemm's vector path) and among others must give the same bits.
+        let (k, n) = (128, 384);
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
+            .collect();
+        let x: Vec<f32> = (0..17 * k)
+            .map(|i| (i * 104_729 % 997) as f32 / 997.0 - 0.5)
+            .collect();
+        let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
+        let start = |m: usize, accumulate: bool| match accumulate {
+            true => bias.repeat(m),
+            false => vec![0.0; m * n],
+        };
+        for accumulate in [false, true] {
+            let mut one = start(1, accumulate);
+            matmul(
+                &mut one,
+                Mat::new(&x[..k], 1, k),
+                Mat::new(&w, k, n),
+                accumulate,
+            );
+            for m in [2, 9, 17] {
+                let mut many = start(m, accumulate);
+                matmul(
+                    &mut many,
+                    Mat::new(&x[..m * k], m, k),
+                    Mat::new(&w, k, n),
+                    accumulate,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&one),
+                    bits(&many[..n]),
+                    "accumulate {accumulate}, {m} rows"
+                );
+            }
+        }
     }
 
     #[test]

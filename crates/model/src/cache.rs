@@ -5,7 +5,7 @@ use burn::prelude::*;
 use cinder_kernels::QkvLayout;
 
 /// One layer's keys `[P, KV, block_size]` (a position's key is a column: a query meets every
-/// position's key at once) and values `[P, block_size, KV]` (`P` places), the key/value heads
+/// position's key at once) and values `[P, block_size, KV]` (`P` places of a part), the key/value heads
 /// side by side (`cinder_kernels::QkvLayout::kv_width`); the text in place `p` keeps its
 /// positions `..lens[p]` in slots `position % block_size` (its last `block_size`).
 pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
@@ -23,9 +23,9 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// (the model's context), and written in place (by `slice_assign` on the composite layers). A
 /// text takes a free place when it joins ([`KvCache::claim`]) and gives it back when it leaves
 /// ([`KvCache::release`]): no other text's keys move, and nothing is allocated while texts come
-/// and go within the places there are. A text that finds none free in its part doubles the
-/// part's: its buffers grow to the most texts it has held at once (at most twice as many
-/// places), once, and are kept.
+/// and go within each part's places. A text that finds none free in its part doubles the
+/// part's (even where another part has some free): its buffers grow to the most texts it has
+/// held at once (at most twice as many places), once, and are kept.
 /// Each text holds its own number of positions: texts decoded together may have started at
 /// different times. Past `block_size`, a cache of rotary positions slides: position `p` is
 /// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]).

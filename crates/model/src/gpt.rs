@@ -129,6 +129,9 @@ impl Gpt {
             "a cache made for another model (Gpt::new_cache)"
         );
         assert_eq!(places.len(), b, "one place per row");
+        if b == 0 {
+            return Tensor::zeros([0, self.vocab_size()], &idx.device());
+        }
         let mut parts = cache.split(places);
         let slides = t_new == 1 && self.cache_slides();
         assert!(
@@ -142,8 +145,9 @@ impl Gpt {
         if let [part] = &mut parts[..] {
             return self.part_pass(idx, part, pass); // its rows are all the pass's, in order
         }
-        // Texts in several parts: each part's pass on a thread of its own (fused), their logits
-        // put back in the rows' order.
+        // Texts in several parts: each part's pass on a thread of its own where each is small
+        // (fused), else one after the other on every core; their logits put back in the rows'
+        // order.
         let device = idx.device();
         let ints = |v: &[usize]| {
             let ints: Vec<i64> = v.iter().map(|&i| i as i64).collect();
@@ -153,7 +157,8 @@ impl Gpt {
             let rows = idx.clone().select(0, ints(&part.rows));
             self.part_pass(rows, part, pass)
         };
-        let logits = if pass.fused {
+        let small = |p: &PartPass| p.rows.len() * t_new * self.num_params() < SMALL_PASS;
+        let logits = if pass.fused && parts.iter().all(small) {
             pools::apart(&mut parts, run)
         } else {
             parts.iter_mut().map(run).collect()
@@ -165,8 +170,12 @@ impl Gpt {
         Tensor::cat(logits, 0).select(0, ints(&order))
     }
 
-    /// The pass of [`Gpt::forward_cached`] over the texts of one part of its cache: `idx`
-    /// `[B, T_new]` holds `part`'s rows, in order. Logits `[B, vocab_size]`.
+    /// The pass of [`Gpt::forward_cached`] over the texts of one part of its cache, which is
+    /// extended.
+    ///
+    /// # Shapes
+    /// - idx: `[B, T_new]`, `part`'s rows, in order
+    /// - output: `[B, vocab_size]`
     fn part_pass(&self, idx: Tensor<2, Int>, part: &mut PartPass, pass: Pass) -> Tensor<2> {
         let [b, t_new] = idx.dims();
         let mut keep = Keep::Cache {
@@ -196,10 +205,10 @@ impl Gpt {
         KvCache::new(self.n_layer(), self.block_size(), places, parts, PART_TEXTS)
     }
 
-    /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, one for each of
-    /// rayon's threads while each gets `PART_TEXTS` texts, for a model whose pass over that many
-    /// runs on one thread (`SMALL_PASS`); else one. A larger model's weights, read once per part,
-    /// cost more than the threads save.
+    /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, for a model whose
+    /// pass over `PART_TEXTS` texts runs on one thread (`SMALL_PASS`), one for each of rayon's
+    /// threads, or fewer so that each has room for `PART_TEXTS`; else one. A larger model's
+    /// weights, read once per part, cost more than the threads save.
     fn cache_parts(&self, places: usize) -> usize {
         let fused = self.ops.fused_on(&self.head_weight().device());
         if !fused || PART_TEXTS * self.num_params() >= SMALL_PASS {
@@ -353,8 +362,9 @@ fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
 /// ([`Gpt::forward_cached`]), so that each of them starts at once instead of handing its work
 /// to that thread and waiting for it to come back: on a 2-core machine that hand-off cost more
 /// than the default model's whole pass (BENCHMARKS.md section 20). Larger passes inside `f`
-/// still run on every core. Each calling thread has a thread of its own for this: loops started
-/// on different threads never wait for each other. The results are the same either way.
+/// still run on every core, and the parts of a cache's passes each on a core of its own. Each
+/// calling thread has a thread of its own for this: loops started on different threads wait for
+/// each other only where both run parts at once. The results are the same either way.
 pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pools::on_one(|| {
         let _here = pools::Sampling::start();
@@ -378,19 +388,23 @@ mod pools {
 
     static WIDE: OnceLock<ThreadPool> = OnceLock::new();
 
-    /// A sampling loop running on this thread, until dropped (a panic included).
-    pub struct Sampling;
+    /// A sampling loop running on this thread, until dropped (a panic included), when the
+    /// flag is as it was before.
+    pub struct Sampling {
+        was: bool,
+    }
 
     impl Sampling {
         pub fn start() -> Self {
-            HERE.set(true);
-            Sampling
+            Sampling {
+                was: HERE.replace(true),
+            }
         }
     }
 
     impl Drop for Sampling {
         fn drop(&mut self) {
-            HERE.set(false);
+            HERE.set(self.was);
         }
     }
 
@@ -421,36 +435,44 @@ mod pools {
         wide().current_num_threads()
     }
 
-    /// The threads besides a caller's that run the other parts of [`apart`].
-    static OTHERS: OnceLock<ThreadPool> = OnceLock::new();
+    /// A one-thread pool for each core but one: the threads besides a caller's that run the
+    /// other items of [`apart`].
+    static OTHERS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
 
     /// `f` of each item at once, results in order: the first on this thread (its one-thread
-    /// pool outside a sampling loop), the others on the other cores, one thread each (as many
-    /// items as cores: a thread of its own), where their passes run at once as in a sampling
-    /// loop. No item's work is shared between threads, so no thread waits for another until
-    /// all are done.
+    /// pool outside a sampling loop), each other on a one-thread pool of its own (as many items
+    /// as cores; more wait for this thread), where its passes run at once as in a sampling loop.
+    /// No item's work is shared between threads, so no thread waits for another until all are
+    /// done. Loops on different threads share those pools: their items may wait for each other.
     pub fn apart<T: Send, R: Send>(items: &mut [T], f: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
-        let Some((first, rest)) = items.split_first_mut() else {
-            return Vec::new();
-        };
-        let others = OTHERS.get_or_init(|| build(threads().saturating_sub(1).max(1)));
-        let mut results: Vec<Option<R>> = rest.iter().map(|_| None).collect();
-        let f = &f;
-        let first = one_thread(|| {
-            others.in_place_scope(|scope| {
-                for (item, result) in rest.iter_mut().zip(&mut results) {
-                    scope.spawn(move |_| {
-                        let _here = Sampling::start();
-                        *result = Some(f(item));
-                    });
-                }
-                f(first)
-            })
-        });
-        let rest = results
-            .into_iter()
-            .map(|r| r.expect("each part's pass ran"));
-        std::iter::once(first).chain(rest).collect()
+        let others = OTHERS.get_or_init(|| (1..threads()).map(|_| build(1)).collect());
+        let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
+        let work: Vec<_> = items.iter_mut().zip(&mut results).collect();
+        one_thread(|| spread(work, others, &f));
+        let results = results.into_iter();
+        results.map(|r| r.expect("each item ran")).collect()
+    }
+
+    /// [`apart`]'s items: the second to the first of `pools`, and so on; the first, and any
+    /// beyond the pools, on this thread.
+    fn spread<T: Send, R: Send>(
+        mut work: Vec<(&mut T, &mut Option<R>)>,
+        pools: &[ThreadPool],
+        f: &(impl Fn(&mut T) -> R + Sync),
+    ) {
+        if let (true, Some((pool, pools))) = (work.len() > 1, pools.split_first()) {
+            let (item, result) = work.remove(1);
+            return pool.in_place_scope(|scope| {
+                scope.spawn(move |_| {
+                    let _here = Sampling::start();
+                    *result = Some(f(item));
+                });
+                spread(work, pools, f);
+            });
+        }
+        for (item, result) in work {
+            *result = Some(f(item));
+        }
     }
 
     fn build(threads: usize) -> ThreadPool {

@@ -162,8 +162,8 @@ impl Picker {
 /// decodes its samples as rows, and a server the requests of many clients.
 ///
 /// A row's context is its last `block_size` tokens. With the cache, each row has a place of its
-/// own in it from the time it joins to the time it leaves (the cache's buffers are made once,
-/// for the rows asked for); each token costs one position's work. A row that joins first runs
+/// own in it from the time it joins to the time it leaves (the cache's buffers are made for the
+/// rows asked for, in parts: `KvCache`); each token costs one position's work. A row that joins first runs
 /// its text's last window into its place (rows of one length together). Past `block_size`:
 /// - rotary positions: the cache slides ([`Gpt::cache_slides`]): each token attends to the
 ///   cached keys and values of the last `block_size` tokens, as they were computed when each was
