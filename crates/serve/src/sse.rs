@@ -2,12 +2,13 @@
 //!
 //! The events the worker has sent meanwhile are read together, and each choice's text among
 //! them goes as one chunk: a client (or a server) that falls behind under load catches up in
-//! fewer, longer chunks, instead of paying an event's cost for every token. A choice's text
-//! always goes before its `finish_reason`.
+//! fewer, longer chunks, instead of paying an event's cost for every token. After the first
+//! chunk, text goes at most every [`GAP`]: the tokens of a fast stream go a few at a time. A
+//! choice's text always goes before its `finish_reason`, and the end goes when it comes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::response::sse::Event as SseEvent;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -16,6 +17,12 @@ use tokio::sync::mpsc::error::TryRecvError;
 use crate::api::{ApiError, Header, StreamUsage, Usage};
 use crate::engine::{EngineError, Event, Finish, TokenLogprob};
 use crate::log::{Logged, log_line};
+
+/// The least time between two chunks of text of a stream, after its first (the end goes at
+/// once): a stream's chunks and a client's reads then cost the server and the client less than
+/// one per token, where a token comes every few milliseconds under load (BENCHMARKS.md section
+/// 36), while the text still appears 50 times a second.
+const GAP: Duration = Duration::from_millis(20);
 
 /// Events taken from the worker at once, at most: a stream that fell behind catches up in
 /// steps of this many, so that one stream does not hold a runtime thread for long.
@@ -45,6 +52,7 @@ pub fn stream(
         sends_usage: usage,
         logged,
         since: Instant::now(),
+        sent: None,
         failed: None,
     };
     futures_util::stream::unfold(start, |mut s| async move {
@@ -57,6 +65,15 @@ pub fn stream(
             }
             let first = s.rx.recv().await;
             s.read(first);
+            // What comes until GAP has passed since the last chunk, or the stream ends.
+            if let Some(sent) = s.sent {
+                while !s.ended {
+                    match tokio::time::timeout_at(sent + GAP, s.rx.recv()).await {
+                        Ok(event) => s.read(event),
+                        Err(_) => break, // the gap has passed
+                    }
+                }
+            }
             // What else has come meanwhile, up to the stream's end.
             for _ in 1..CATCH_UP {
                 if s.ended {
@@ -69,6 +86,9 @@ pub fn stream(
                 }
             }
             s.flush(None);
+            if !s.pending.is_empty() {
+                s.sent = Some(tokio::time::Instant::now());
+            }
         }
     })
 }
@@ -89,6 +109,8 @@ struct StreamState {
     sends_usage: StreamUsage,
     logged: Logged,
     since: Instant,
+    /// When the last chunks were queued (none yet: the first goes at once).
+    sent: Option<tokio::time::Instant>,
     /// The status of the error that ended it, if one did.
     failed: Option<u16>,
 }
@@ -264,6 +286,43 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_first_chunk_text_waits_for_the_gap_and_the_end_goes_at_once() {
+        use futures_util::StreamExt;
+        let (tx, rx) = unbounded_channel();
+        let header = Header {
+            id: "cmpl-0".into(),
+            created: 0,
+            model: "m".into(),
+        };
+        let usage = StreamUsage {
+            at_end: false,
+            on_every_chunk: false,
+        };
+        let events = stream(rx, header, 2, usage, false, Logged::default());
+        let mut events = std::pin::pin!(events);
+        let mut next = async || {
+            let start = tokio::time::Instant::now();
+            let _chunk = events.next().await.expect("a chunk");
+            start.elapsed()
+        };
+        tx.send(Event::Started { prompt_tokens: 2 }).unwrap();
+        tx.send(text(0, "a", 1)).unwrap();
+        assert_eq!(next().await, Duration::ZERO, "the first chunk goes at once");
+        tx.send(text(0, "b", 2)).unwrap();
+        assert_eq!(next().await, GAP, "the next waits for the gap");
+        tx.send(text(0, "c", 3)).unwrap();
+        tx.send(finished(0, Finish::Length)).unwrap();
+        tx.send(Event::Done {
+            completion_tokens: 3,
+        })
+        .unwrap();
+        for _ in 0..3 {
+            // c, its finish_reason, [DONE]
+            assert_eq!(next().await, Duration::ZERO, "the end goes when it comes");
+        }
     }
 
     #[tokio::test]
