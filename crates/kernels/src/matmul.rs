@@ -263,9 +263,12 @@ pub unsafe fn matmul_into_strided(
     unsafe { strided_matmul(out, stride, a, b, accumulate) };
 }
 
-/// `out = a · b` (or `+=`) on this thread, by gemm. A row's values do not depend on the rows
-/// beside it: gemm adds a product of one row into `out` term by term (its vector-times-matrix
-/// path), and of several rows whole, so one row's product is made first and added whole.
+/// `out = a · b` (or `+=`) on this thread, by gemm (a one-row `+=` may share the columns of its
+/// product among threads). gemm adds a product of one row into `out` term by term (its
+/// vector-times-matrix path), and of several rows whole, so one row's product is made first and
+/// added whole: the bits of the same row among others, where gemm sums the whole inner
+/// dimension at once (wider products are summed in parts, in orders that may depend on the
+/// rows: BENCHMARKS.md section 36).
 ///
 /// # Safety
 /// `out` must be valid for writes at every `i * out_rs + j * out_cs` for `i < a.rows`,

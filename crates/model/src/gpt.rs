@@ -206,15 +206,15 @@ impl Gpt {
     }
 
     /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, for a model whose
-    /// pass over `PART_TEXTS` texts runs on one thread (`SMALL_PASS`), one for each of rayon's
-    /// threads, or fewer so that each has room for `PART_TEXTS`; else one. A larger model's
-    /// weights, read once per part, cost more than the threads save.
+    /// pass over `PART_TEXTS` texts runs on one thread (`SMALL_PASS`), `PARTS` where each has
+    /// room for twice `PART_TEXTS`; else one. A larger model's weights, read once per part, cost
+    /// more than the threads save.
     fn cache_parts(&self, places: usize) -> usize {
         let fused = self.ops.fused_on(&self.head_weight().device());
         if !fused || PART_TEXTS * self.num_params() >= SMALL_PASS {
             return 1;
         }
-        (places / PART_TEXTS).clamp(1, pools::threads())
+        (places / (2 * PART_TEXTS)).clamp(1, PARTS)
     }
 
     /// Bytes of keys and values a cache of `places` texts holds once its buffers are made
@@ -340,10 +340,18 @@ fn drawn(model: Gpt) -> Gpt {
 /// sections 10 and 33).
 const SMALL_PASS: usize = 20_000_000;
 
-/// Texts each part of a cache gets at least, and those the first part takes before the others
-/// take any ([`KvCache::claim`]): a part's pass reads the weights once for its texts, which
-/// fewer would not repay (BENCHMARKS.md section 36).
+/// Texts the first part of a cache takes before the others take any ([`KvCache::claim`]): a
+/// part's pass reads the weights once for its texts, which fewer would not repay
+/// (BENCHMARKS.md section 36).
 const PART_TEXTS: usize = 8;
+
+/// Parts of a small model's cache, when it has room for them: a number of its own, not the
+/// machine's cores, so that which texts share a pass never depends on the machine (gemm sums a
+/// product of one row and of several rows in different orders at some widths, so a text's
+/// last bits may depend on the texts beside it). Two: the cores it was measured on; a machine
+/// of one core runs the parts one after the other, one of more uses two of them for a small
+/// model's decoding (BENCHMARKS.md section 36).
+const PARTS: usize = 2;
 
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
 /// start without a hand-off to the pool and back. Inside [`sampling`], on every core of a pool of
@@ -448,7 +456,10 @@ mod pools {
         let others = OTHERS.get_or_init(|| (1..threads()).map(|_| build(1)).collect());
         let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
         let work: Vec<_> = items.iter_mut().zip(&mut results).collect();
-        one_thread(|| spread(work, others, &f));
+        one_thread(|| {
+            let _here = Sampling::start(); // the first item's passes run here at once
+            spread(work, others, &f)
+        });
         let results = results.into_iter();
         results.map(|r| r.expect("each item ran")).collect()
     }

@@ -338,12 +338,12 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
 }
 
 #[test]
-fn a_cache_has_a_part_per_core_for_a_small_model_and_one_for_a_large_one() {
+fn a_small_models_cache_has_two_parts_whatever_the_cores_and_a_large_ones_one() {
     let device = device();
     let small = modern(&device).1;
-    let threads = rayon::current_num_threads();
-    assert_eq!(small.new_cache(32).parts(), threads.min(4));
-    assert_eq!(small.new_cache(15).parts(), 1, "fewer than 8 texts a part");
+    assert_eq!(small.new_cache(32).parts(), 2);
+    assert_eq!(small.new_cache(64).parts(), 2);
+    assert_eq!(small.new_cache(31).parts(), 1, "fewer than 16 texts a part");
     assert_eq!(
         small.clone().with_ops(Ops::Composite).new_cache(32).parts(),
         1

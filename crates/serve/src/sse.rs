@@ -303,12 +303,15 @@ mod tests {
         };
         let events = stream(rx, header, 2, usage, false, Logged::default());
         let mut events = std::pin::pin!(events);
+        // The request starts, and its first text comes later: it goes at once all the same.
+        tx.send(Event::Started { prompt_tokens: 2 }).unwrap();
+        let nothing = tokio::time::timeout(GAP / 2, events.next()).await;
+        assert!(nothing.is_err(), "no chunk before any text");
         let mut next = async || {
             let start = tokio::time::Instant::now();
             let _chunk = events.next().await.expect("a chunk");
             start.elapsed()
         };
-        tx.send(Event::Started { prompt_tokens: 2 }).unwrap();
         tx.send(text(0, "a", 1)).unwrap();
         assert_eq!(next().await, Duration::ZERO, "the first chunk goes at once");
         tx.send(text(0, "b", 2)).unwrap();
