@@ -214,6 +214,20 @@ mod tests {
 
     use super::*;
 
+    /// The stream of a request of 2 prompt tokens whose worker sends `rx`.
+    fn test_stream(
+        rx: UnboundedReceiver<Event>,
+        usage: StreamUsage,
+        logprobs: bool,
+    ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+        let header = Header {
+            id: "cmpl-0".into(),
+            created: 0,
+            model: "m".into(),
+        };
+        stream(rx, header, 2, usage, logprobs, Logged::default())
+    }
+
     /// The data of each event of `events`, sent before the stream is read: what a client that
     /// fell behind receives. Usage is asked for at the end, and on every chunk if `continuous`.
     async fn read_behind(events: Vec<Event>, continuous: bool) -> Vec<serde_json::Value> {
@@ -231,16 +245,11 @@ mod tests {
             tx.send(event).unwrap();
         }
         drop(tx);
-        let header = Header {
-            id: "cmpl-0".into(),
-            created: 0,
-            model: "m".into(),
-        };
         let usage = StreamUsage {
             at_end: true,
             on_every_chunk: continuous,
         };
-        let events = stream(rx, header, 2, usage, logprobs, Logged::default());
+        let events = test_stream(rx, usage, logprobs);
         let body = axum::body::to_bytes(Sse::new(events).into_response().into_body(), 1 << 20)
             .await
             .unwrap();
@@ -292,17 +301,11 @@ mod tests {
     async fn after_the_first_chunk_text_waits_for_the_gap_and_the_end_goes_at_once() {
         use futures_util::StreamExt;
         let (tx, rx) = unbounded_channel();
-        let header = Header {
-            id: "cmpl-0".into(),
-            created: 0,
-            model: "m".into(),
-        };
         let usage = StreamUsage {
             at_end: false,
             on_every_chunk: false,
         };
-        let events = stream(rx, header, 2, usage, false, Logged::default());
-        let mut events = std::pin::pin!(events);
+        let mut events = std::pin::pin!(test_stream(rx, usage, false));
         // The request starts, and its first text comes later: it goes at once all the same.
         tx.send(Event::Started { prompt_tokens: 2 }).unwrap();
         let nothing = tokio::time::timeout(GAP / 2, events.next()).await;
