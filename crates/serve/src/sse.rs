@@ -2,13 +2,13 @@
 //!
 //! The events the worker has sent meanwhile are read together, and each choice's text among
 //! them goes as one chunk: a client (or a server) that falls behind under load catches up in
-//! fewer, longer chunks, instead of paying an event's cost for every token. After the first
-//! chunk, text goes at most every [`GAP`]: the tokens of a fast stream go a few at a time. A
-//! choice's text always goes before its `finish_reason`, and the end goes when it comes.
+//! fewer, longer chunks, instead of paying an event's cost for every token (the worker itself
+//! sends a choice's text at most every `engine::GAP`, after the first). A choice's text always
+//! goes before its `finish_reason`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::response::sse::Event as SseEvent;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -17,12 +17,6 @@ use tokio::sync::mpsc::error::TryRecvError;
 use crate::api::{ApiError, Header, StreamUsage, Usage};
 use crate::engine::{EngineError, Event, Finish, TokenLogprob};
 use crate::log::{Logged, log_line};
-
-/// The least time between two chunks of text of a stream, after its first (the end goes at
-/// once): a stream's chunks and a client's reads then cost the server and the client less than
-/// one per token, where a token comes every few milliseconds under load (BENCHMARKS.md section
-/// 36), while the text still appears 50 times a second.
-const GAP: Duration = Duration::from_millis(20);
 
 /// Events taken from the worker at once, at most: a stream that fell behind catches up in
 /// steps of this many, so that one stream does not hold a runtime thread for long.
@@ -52,7 +46,6 @@ pub fn stream(
         sends_usage: usage,
         logged,
         since: Instant::now(),
-        sent: None,
         failed: None,
     };
     futures_util::stream::unfold(start, |mut s| async move {
@@ -65,15 +58,6 @@ pub fn stream(
             }
             let first = s.rx.recv().await;
             s.read(first);
-            // What comes until GAP has passed since the last chunk, or the stream ends.
-            if let Some(sent) = s.sent {
-                while !s.ended {
-                    match tokio::time::timeout_at(sent + GAP, s.rx.recv()).await {
-                        Ok(event) => s.read(event),
-                        Err(_) => break, // the gap has passed
-                    }
-                }
-            }
             // What else has come meanwhile, up to the stream's end.
             for _ in 1..CATCH_UP {
                 if s.ended {
@@ -86,9 +70,6 @@ pub fn stream(
                 }
             }
             s.flush(None);
-            if !s.pending.is_empty() {
-                s.sent = Some(tokio::time::Instant::now());
-            }
         }
     })
 }
@@ -109,8 +90,6 @@ struct StreamState {
     sends_usage: StreamUsage,
     logged: Logged,
     since: Instant,
-    /// When the last chunks were queued (none yet: the first goes at once).
-    sent: Option<tokio::time::Instant>,
     /// The status of the error that ended it, if one did.
     failed: Option<u16>,
 }
@@ -295,40 +274,6 @@ mod tests {
                 )
             })
             .collect()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn after_the_first_chunk_text_waits_for_the_gap_and_the_end_goes_at_once() {
-        use futures_util::StreamExt;
-        let (tx, rx) = unbounded_channel();
-        let usage = StreamUsage {
-            at_end: false,
-            on_every_chunk: false,
-        };
-        let mut events = std::pin::pin!(test_stream(rx, usage, false));
-        // The request starts, and its first text comes later: it goes at once all the same.
-        tx.send(Event::Started { prompt_tokens: 2 }).unwrap();
-        let nothing = tokio::time::timeout(GAP / 2, events.next()).await;
-        assert!(nothing.is_err(), "no chunk before any text");
-        let mut next = async || {
-            let start = tokio::time::Instant::now();
-            let _chunk = events.next().await.expect("a chunk");
-            start.elapsed()
-        };
-        tx.send(text(0, "a", 1)).unwrap();
-        assert_eq!(next().await, Duration::ZERO, "the first chunk goes at once");
-        tx.send(text(0, "b", 2)).unwrap();
-        assert_eq!(next().await, GAP, "the next waits for the gap");
-        tx.send(text(0, "c", 3)).unwrap();
-        tx.send(finished(0, Finish::Length)).unwrap();
-        tx.send(Event::Done {
-            completion_tokens: 3,
-        })
-        .unwrap();
-        for _ in 0..3 {
-            // c, its finish_reason, [DONE]
-            assert_eq!(next().await, Duration::ZERO, "the end goes when it comes");
-        }
     }
 
     #[tokio::test]

@@ -1,8 +1,9 @@
 //! One choice of a request: the text of its row's tokens, sent as it settles, held back while
 //! it may be the start of a stop string, and each token's log-probabilities sent with the text
-//! they belong to.
+//! they belong to. After its first text, a choice sends what settled at most every [`GAP`].
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -10,6 +11,12 @@ use cinder_data::{TextStream, Tokenizer};
 
 use super::job::{Event, Finish, TokenLogprob};
 use super::stop::StopMatcher;
+
+/// The least time between two messages of text of a choice, after its first (its end goes at
+/// once): under load a token comes every few milliseconds, and a message each wakes the
+/// client's connection and makes a chunk of a stream; the text still appears 50 times a second
+/// (BENCHMARKS.md section 36).
+pub(super) const GAP: Duration = Duration::from_millis(20);
 
 /// The client went away: its events have nowhere to go.
 pub(super) struct Gone;
@@ -25,16 +32,24 @@ pub(super) struct Choice<'a> {
     sent: usize,
     /// Tokens whose text is not all sent yet, with where their text ends.
     waiting: VecDeque<(TokenLogprob, usize)>,
+    /// Text settled and not yet sent (waiting for the gap), with the request's tokens written
+    /// as of it and its tokens.
+    unsent: Option<(String, usize, Vec<TokenLogprob>)>,
+    /// When text was last sent (none yet: the first goes at once), and the least time between.
+    last_sent: Option<Instant>,
+    gap: Duration,
 }
 
 impl<'a> Choice<'a> {
     /// Choice `index` of its request (prompt by prompt, `n` each), ending at any of `stop`;
-    /// its text so far is `echoed` characters long (the prompt, with `echo`).
+    /// its text so far is `echoed` characters long (the prompt, with `echo`). After its first
+    /// text, it sends text at most every `gap` ([`GAP`]).
     pub(super) fn new(
         index: usize,
         tokenizer: &'a Tokenizer,
         stop: &[String],
         echoed: usize,
+        gap: Duration,
     ) -> Self {
         Self {
             index,
@@ -44,6 +59,9 @@ impl<'a> Choice<'a> {
             decoded: echoed,
             sent: echoed,
             waiting: VecDeque::new(),
+            unsent: None,
+            last_sent: None,
+            gap,
         }
     }
 
@@ -57,8 +75,10 @@ impl<'a> Choice<'a> {
     }
 
     /// Sends `text` of choice `index` and the tokens whose text it completes, if there are any,
-    /// as of the request's `written` tokens. With `stopped`, the tokens that begin in the text
-    /// sent go, and the others (the stop string's) are dropped.
+    /// as of the request's `written` tokens, with the text not sent yet: at once the first time,
+    /// then once `gap` has passed since the last (else it waits for a later call or
+    /// [`Choice::flush`]). With `stopped`, the tokens that begin in the text sent go, and the
+    /// others (the stop string's) are dropped.
     fn send_text(
         &mut self,
         text: String,
@@ -88,6 +108,22 @@ impl<'a> Choice<'a> {
         if text.is_empty() && logprobs.is_empty() {
             return Ok(());
         }
+        let unsent = self.unsent.get_or_insert_default();
+        unsent.0.push_str(&text);
+        unsent.1 = written;
+        unsent.2.extend(logprobs);
+        match self.last_sent {
+            Some(last) if last.elapsed() < self.gap => Ok(()),
+            _ => self.flush(events),
+        }
+    }
+
+    /// Sends the text not sent yet, if any.
+    pub(super) fn flush(&mut self, events: &UnboundedSender<Event>) -> Result<(), Gone> {
+        let Some((text, written, logprobs)) = self.unsent.take() else {
+            return Ok(());
+        };
+        self.last_sent = Some(Instant::now());
         let index = self.index;
         Self::send(
             events,
@@ -124,6 +160,7 @@ impl<'a> Choice<'a> {
         let (text, stopped) = self.held.push(&piece);
         self.send_text(text, written, stopped, events)?;
         if stopped {
+            self.flush(events)?;
             self.finished = true;
             let (index, reason) = (self.index, Finish::Stop);
             Self::send(events, Event::Finished { index, reason })?;
@@ -147,6 +184,7 @@ impl<'a> Choice<'a> {
             text.push_str(&self.held.release());
         }
         self.send_text(text, written, stopped, events)?;
+        self.flush(events)?;
         let index = self.index;
         let reason = if stopped {
             Finish::Stop
@@ -172,11 +210,21 @@ mod tests {
     }
 
     /// The text and tokens of each `Text` event of choice 0 fed `text`'s tokens, ending at
-    /// `stop`.
+    /// `stop`, each sent as it settles.
     fn events(tokenizer: &Tokenizer, text: &str, stop: &[&str]) -> Vec<(String, Vec<String>)> {
+        events_apart(tokenizer, text, stop, Duration::ZERO).0
+    }
+
+    /// [`events`], with text sent at most every `gap`, and the finish reason sent after them.
+    fn events_apart(
+        tokenizer: &Tokenizer,
+        text: &str,
+        stop: &[&str],
+        gap: Duration,
+    ) -> (Vec<(String, Vec<String>)>, Option<Finish>) {
         let (tx, mut rx) = unbounded_channel();
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
-        let mut choice = Choice::new(0, tokenizer, &stop, 0);
+        let mut choice = Choice::new(0, tokenizer, &stop, 0, gap);
         for (i, &id) in tokenizer.encode(text).unwrap().iter().enumerate() {
             let logprob = TokenLogprob {
                 text: token_text(tokenizer, id),
@@ -191,13 +239,43 @@ mod tests {
         }
         choice.finish(0, &tx).ok().unwrap();
         drop(tx);
-        let mut out = Vec::new();
+        let (mut out, mut finish) = (Vec::new(), None);
         while let Ok(event) = rx.try_recv() {
-            if let Event::Text { text, logprobs, .. } = event {
-                out.push((text, logprobs.into_iter().map(|t| t.text).collect()));
+            match event {
+                Event::Text { text, logprobs, .. } => {
+                    assert!(finish.is_none(), "text after the finish reason");
+                    out.push((text, logprobs.into_iter().map(|t| t.text).collect()));
+                }
+                Event::Finished { reason, .. } => finish = Some(reason),
+                _ => {}
             }
         }
-        out
+        (out, finish)
+    }
+
+    #[test]
+    fn after_its_first_text_a_choice_sends_what_settles_once_the_gap_has_passed_and_at_its_end() {
+        let t = bpe();
+        // No gap: a message per token's text; an hour: the first, then the rest at the end,
+        // before the finish reason, its tokens with it.
+        let hour = Duration::from_secs(3600);
+        let each = events(&t, "the cat sat", &[]);
+        assert!(each.len() > 2, "{each:?}");
+        let (apart, finish) = events_apart(&t, "the cat sat", &[], hour);
+        let rest: String = each[1..].iter().map(|e| e.0.as_str()).collect();
+        let rest_tokens: Vec<String> = each[1..].iter().flat_map(|e| e.1.clone()).collect();
+        assert_eq!(apart, [each[0].clone(), (rest, rest_tokens)]);
+        assert!(matches!(finish, Some(Finish::Length)), "{finish:?}");
+        // A stop string met: what settled before it goes, then the reason.
+        let (stopped, finish) = events_apart(&t, "the cat sat on", &[" sat"], hour);
+        let text: String = stopped.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(text, "the cat", "{stopped:?}");
+        assert_eq!(
+            stopped.len(),
+            2,
+            "the first text, then the rest at the stop: {stopped:?}"
+        );
+        assert!(matches!(finish, Some(Finish::Stop)), "{finish:?}");
     }
 
     #[test]

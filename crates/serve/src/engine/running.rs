@@ -10,7 +10,7 @@ use cinder::sampling::{DEFAULT_PROMPT, TokenProbs, prompt_ids, token_probs, toke
 use cinder_data::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::choice::Choice;
+use super::choice::{Choice, GAP};
 use super::error::EngineError;
 use super::job::{Event, Job, TokenLogprob};
 use super::load::Load;
@@ -100,7 +100,7 @@ impl<'t> Running<'t> {
                 0
             };
             let choices = (0..job.n)
-                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop, echoed))
+                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop, echoed, GAP))
                 .collect();
             let picker = Picker::new(job.sampling, job.seed, tokenizer.vocab_size(), &ids, job.n);
             prompts.push((ids, picker, choices));
@@ -209,7 +209,13 @@ impl<'t> Running<'t> {
             End::Gone => self.load.done(rows),
             End::TimedOut => {
                 self.load.done(rows);
-                // What was streamed stays with the client; the error ends the stream.
+                // What was streamed stays with the client, with the text not sent yet; the
+                // error ends the stream.
+                for (_, _, choices) in &mut self.prompts {
+                    for choice in choices {
+                        let _ = choice.flush(&events);
+                    }
+                }
                 let _ = events.send(Event::Failed(EngineError::TimedOut));
             }
             End::Complete => {
