@@ -32,9 +32,8 @@ pub(super) struct Choice<'a> {
     sent: usize,
     /// Tokens whose text is not all sent yet, with where their text ends.
     waiting: VecDeque<(TokenLogprob, usize)>,
-    /// Text settled and not yet sent (waiting for the gap), with the request's tokens written
-    /// as of it and its tokens.
-    unsent: Option<(String, usize, Vec<TokenLogprob>)>,
+    /// Text settled and not yet sent (waiting for the gap), and its tokens.
+    unsent: Option<(String, Vec<TokenLogprob>)>,
     /// When text was last sent (none yet: the first goes at once), and the least time between.
     last_sent: Option<Instant>,
     gap: Duration,
@@ -76,9 +75,9 @@ impl<'a> Choice<'a> {
 
     /// Sends `text` of choice `index` and the tokens whose text it completes, if there are any,
     /// as of the request's `written` tokens, with the text not sent yet: at once the first time,
-    /// then once `gap` has passed since the last (else it waits for a later call or
-    /// [`Choice::flush`]). With `stopped`, the tokens that begin in the text sent go, and the
-    /// others (the stop string's) are dropped.
+    /// then once `gap` has passed since the last (else it waits for a later call, which may
+    /// settle no text, or [`Choice::flush`]). With `stopped`, the tokens that begin in the text
+    /// sent go, and the others (the stop string's) are dropped.
     fn send_text(
         &mut self,
         text: String,
@@ -105,22 +104,24 @@ impl<'a> Choice<'a> {
         if stopped {
             self.waiting.clear();
         }
-        if text.is_empty() && logprobs.is_empty() {
-            return Ok(());
+        if !text.is_empty() || !logprobs.is_empty() {
+            let unsent = self.unsent.get_or_insert_default();
+            unsent.0.push_str(&text);
+            unsent.1.extend(logprobs);
         }
-        let unsent = self.unsent.get_or_insert_default();
-        unsent.0.push_str(&text);
-        unsent.1 = written;
-        unsent.2.extend(logprobs);
         match self.last_sent {
             Some(last) if last.elapsed() < self.gap => Ok(()),
-            _ => self.flush(events),
+            _ => self.flush(written, events),
         }
     }
 
-    /// Sends the text not sent yet, if any.
-    pub(super) fn flush(&mut self, events: &UnboundedSender<Event>) -> Result<(), Gone> {
-        let Some((text, written, logprobs)) = self.unsent.take() else {
+    /// Sends the text not sent yet, if any, as of the request's `written` tokens.
+    pub(super) fn flush(
+        &mut self,
+        written: usize,
+        events: &UnboundedSender<Event>,
+    ) -> Result<(), Gone> {
+        let Some((text, logprobs)) = self.unsent.take() else {
             return Ok(());
         };
         self.last_sent = Some(Instant::now());
@@ -160,7 +161,7 @@ impl<'a> Choice<'a> {
         let (text, stopped) = self.held.push(&piece);
         self.send_text(text, written, stopped, events)?;
         if stopped {
-            self.flush(events)?;
+            self.flush(written, events)?;
             self.finished = true;
             let (index, reason) = (self.index, Finish::Stop);
             Self::send(events, Event::Finished { index, reason })?;
@@ -184,7 +185,7 @@ impl<'a> Choice<'a> {
             text.push_str(&self.held.release());
         }
         self.send_text(text, written, stopped, events)?;
-        self.flush(events)?;
+        self.flush(written, events)?;
         let index = self.index;
         let reason = if stopped {
             Finish::Stop

@@ -183,6 +183,17 @@ impl<'t> Running<'t> {
         tokens
     }
 
+    /// Sends every choice's text not sent yet (it waits for the gap: `choice::GAP`): before the
+    /// worker stops for other work, and before an error ends the request.
+    pub(super) fn flush(&mut self) {
+        let written = self.completion_tokens;
+        for (_, _, choices) in &mut self.prompts {
+            for choice in choices {
+                self.gone |= choice.flush(written, &self.events).is_err();
+            }
+        }
+    }
+
     /// Whether the request is over after this step, and how.
     pub(super) fn end(&self, stopping: bool) -> Option<End> {
         let all_finished = self
@@ -211,11 +222,7 @@ impl<'t> Running<'t> {
                 self.load.done(rows);
                 // What was streamed stays with the client, with the text not sent yet; the
                 // error ends the stream.
-                for (_, _, choices) in &mut self.prompts {
-                    for choice in choices {
-                        let _ = choice.flush(&events);
-                    }
-                }
+                self.flush();
                 let _ = events.send(Event::Failed(EngineError::TimedOut));
             }
             End::Complete => {
@@ -294,6 +301,7 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         if !self.finished {
             self.load.done(Some(self.row_count()));
+            self.flush();
             let _ = self.events.send(Event::Failed(EngineError::Failed));
         }
     }

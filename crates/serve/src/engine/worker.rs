@@ -165,6 +165,9 @@ impl Worker {
                 if claim.is_some_and(|claim| !claim.take()) {
                     continue; // its client left while it waited
                 }
+                // Admitting it, and its first pass, may take a while: the text the others have
+                // waiting goes first.
+                running.iter_mut().for_each(Running::flush);
                 match Running::admit(job, events, &model, &self.load) {
                     Ok(Some(request)) if request.scores_only() => request.finish(End::Complete),
                     Ok(Some(request)) => {
