@@ -16,8 +16,9 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// The places lie in parts, each with buffers of its own: a pass over texts of several parts
 /// runs each part's texts on a thread of its own, from the embedding to the logits
 /// ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work between the threads
-/// (BENCHMARKS.md section 36). A text's logits do not depend on its part. A cache has one part
-/// unless [`crate::Gpt::new_cache`] gives it more.
+/// (BENCHMARKS.md section 36). A text's logits are those it would get in one part, up to their
+/// last bits at layers wide enough that gemm sums a row in an order that depends on the rows
+/// beside it. A cache has one part unless [`crate::Gpt::new_cache`] gives it more.
 ///
 /// A part's buffers are made by its first pass, for its places and `block_size` positions each
 /// (the model's context), and written in place (by `slice_assign` on the composite layers). A
