@@ -157,7 +157,7 @@ impl Gpt {
             let rows = idx.clone().select(0, ints(&part.rows));
             self.part_pass(rows, part, pass)
         };
-        let small = |p: &PartPass| p.rows.len() * t_new * self.num_params() < SMALL_PASS;
+        let small = |p: &PartPass| self.small_pass(p.rows.len() * t_new);
         let logits = if pass.fused && parts.iter().all(small) {
             pools::apart(&mut parts, run)
         } else {
@@ -184,7 +184,7 @@ impl Gpt {
             starts: &part.starts,
         };
         let run = || self.logits(idx, pass, &mut keep); // (B, 1, V)
-        let logits = if pass.fused && b * t_new * self.num_params() < SMALL_PASS {
+        let logits = if pass.fused && self.small_pass(b * t_new) {
             pools::one_thread(run)
         } else {
             in_pool(pass, run)
@@ -211,10 +211,15 @@ impl Gpt {
     /// more than the threads save.
     fn cache_parts(&self, places: usize) -> usize {
         let fused = self.ops.fused_on(&self.head_weight().device());
-        if !fused || PART_TEXTS * self.num_params() >= SMALL_PASS {
+        if !fused || !self.small_pass(PART_TEXTS) {
             return 1;
         }
         (places / (2 * PART_TEXTS)).clamp(1, PARTS)
+    }
+
+    /// Whether a cached pass over `tokens` tokens runs on one thread (`SMALL_PASS`).
+    fn small_pass(&self, tokens: usize) -> bool {
+        tokens * self.num_params() < SMALL_PASS
     }
 
     /// Bytes of keys and values a cache of `places` texts holds once its buffers are made
@@ -438,13 +443,8 @@ mod pools {
         WIDE.get_or_init(|| build(0))
     }
 
-    /// Threads of [`wide`]: the cores rayon uses.
-    pub fn threads() -> usize {
-        wide().current_num_threads()
-    }
-
-    /// A one-thread pool for each core but one: the threads besides a caller's that run the
-    /// other items of [`apart`].
+    /// A one-thread pool for each part but one, on as many other cores as there are: the
+    /// threads besides a caller's that run the other items of [`apart`].
     static OTHERS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
 
     /// `f` of each item at once, results in order: the first on this thread (its one-thread
@@ -453,7 +453,11 @@ mod pools {
     /// No item's work is shared between threads, so no thread waits for another until all are
     /// done. Loops on different threads share those pools: their items may wait for each other.
     pub fn apart<T: Send, R: Send>(items: &mut [T], f: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
-        let others = OTHERS.get_or_init(|| (1..threads()).map(|_| build(1)).collect());
+        let others = OTHERS.get_or_init(|| {
+            (1..wide().current_num_threads().min(super::PARTS))
+                .map(|_| build(1))
+                .collect()
+        });
         let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
         let work: Vec<_> = items.iter_mut().zip(&mut results).collect();
         one_thread(|| {
