@@ -130,7 +130,7 @@ fn rows_that_join_and_leave_get_the_logits_they_would_get_alone() {
             })
             .collect();
         let mut together = Decoder::new(&model, true, &device, 4);
-        let mut bytes = None; // the cache's, once made
+        let mut bytes = None; // the cache's, made with it
         let mut rows: Vec<(usize, usize)> = Vec::new(); // (row's text k, steps done)
         for step in 0..30 {
             if step % 3 == 0 && step / 3 < 6 {

@@ -14,19 +14,21 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// [`crate::Gpt::forward_cached`], for texts decoded together, each in a place of its own.
 ///
 /// The places lie in parts, each with buffers of its own: a pass over texts of several parts
-/// runs each part's texts on a thread of its own, from the embedding to the logits
-/// ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work between the threads
-/// (BENCHMARKS.md section 36). A text's logits are those it would get in one part, up to their
-/// last bits at layers wide enough that gemm sums a row in an order that depends on the rows
-/// beside it. A cache has one part unless [`crate::Gpt::new_cache`] gives it more.
+/// runs each part's texts on one thread, from the embedding to the logits, the threads taking
+/// the parts in turn ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work
+/// between the threads (BENCHMARKS.md sections 36 and 37). A text's logits are those it gets
+/// alone, up to their last bits where its part holds many texts (24 at a width of 128 here,
+/// not 20) or a layer is wide (over 512): gemm then sums a row in an order that depends on the
+/// rows beside it. A cache has one part unless [`crate::Gpt::new_cache`] gives it more.
 ///
-/// A part's buffers are made by its first pass, for its places and `block_size` positions each
-/// (the model's context), and written in place (by `slice_assign` on the composite layers). A
-/// text takes a free place when it joins ([`KvCache::claim`]) and gives it back when it leaves
-/// ([`KvCache::release`]): no other text's keys move, and nothing is allocated while texts come
-/// and go within each part's places. A text that finds none free in its part doubles the
-/// part's (even where another part has some free): its buffers grow to the most texts it has
-/// held at once (at most twice as many places), once, and are kept.
+/// A part's buffers are made with the cache, for its places and `block_size` positions each
+/// (the model's context: allocated once, for `serve`'s `--max-batch` texts, not when load
+/// first reaches a part; BENCHMARKS.md section 37), and written in place (by `slice_assign` on
+/// the composite layers). A text takes a free place when it joins ([`KvCache::claim`]) and
+/// gives it back when it leaves ([`KvCache::release`]): no other text's keys move, and nothing
+/// is allocated while texts come and go within each part's places. A text that finds none free
+/// in its part doubles the part's (even where another part has some free): its buffers grow to
+/// the most texts it has held at once (at most twice as many places), once, and are kept.
 /// Each text holds its own number of positions: texts decoded together may have started at
 /// different times. Past `block_size`, a cache of rotary positions slides: position `p` is
 /// kept in slot `p % block_size`, over the oldest ([`crate::Gpt::cache_slides`]).
@@ -63,23 +65,33 @@ pub(crate) struct PartPass<'a> {
 }
 
 impl KvCache {
-    /// An empty cache for a model of `n_layer` blocks and a context of `block_size` positions,
-    /// with room for `places` texts in `parts` parts (the first takes `first_alone` texts
-    /// before the others take any; its buffers are made by the first pass):
-    /// [`crate::Gpt::new_cache`] makes one for a model.
+    /// An empty cache for a model of `n_layer` blocks, a context of `block_size` positions and
+    /// keys and values `kv` wide, with room for `places` texts in `parts` parts (the first
+    /// takes `first_alone` texts before the others take any), its buffers made now on
+    /// `device`: [`crate::Gpt::new_cache`] makes one for a model.
     pub(crate) fn new(
-        n_layer: usize,
-        block_size: usize,
+        [n_layer, block_size, kv]: [usize; 3],
         places: usize,
         parts: usize,
         first_alone: usize,
+        device: &Device,
     ) -> Self {
         let parts = parts.max(1);
         // The places shared out, the first parts taking one more where they do not divide.
-        let part = |i: usize| KvPart {
-            layers: vec![None; n_layer],
-            block_size,
-            lens: vec![None; places / parts + usize::from(i < places % parts)],
+        let part = |i: usize| {
+            let places = places / parts + usize::from(i < places % parts);
+            let zeros = |shape| Tensor::<3>::zeros(shape, device);
+            let layer = || {
+                Some((
+                    zeros([places, kv, block_size]),
+                    zeros([places, block_size, kv]),
+                ))
+            };
+            KvPart {
+                layers: (0..n_layer).map(|_| layer()).collect(),
+                block_size,
+                lens: vec![None; places],
+            }
         };
         Self {
             parts: (0..parts).map(part).collect(),
@@ -102,15 +114,21 @@ impl KvCache {
     }
 
     /// A free place for a new text, which has seen nothing yet. The first part takes
-    /// `first_alone` texts before the others take any; then the part that holds the fewest
-    /// texts (the first of those) takes it, in its first free place. With none free there, the
-    /// part grows to twice its places (its buffers with it).
+    /// `first_alone` texts before the others take any; then the texts are shared by the first
+    /// two parts, and one more part opens for each further `2 * first_alone` texts held (with
+    /// `first_alone` 8, the 33rd text opens a third part, the 49th a fourth): of the open parts,
+    /// the one that holds the fewest texts (the first of those) takes it, in its first free
+    /// place. With none free there, the part grows to twice its places (its buffers with it).
     pub fn claim(&mut self) -> usize {
         let taken = |p: &KvPart| p.lens.iter().filter(|l| l.is_some()).count();
         let part = if taken(&self.parts[0]) < self.first_alone {
             0
         } else {
-            (0..self.parts.len())
+            let held: usize = self.parts.iter().map(taken).sum();
+            let open = (held / (2 * self.first_alone).max(1) + 1)
+                .max(2)
+                .min(self.parts.len());
+            (0..open)
                 .min_by_key(|&i| taken(&self.parts[i]))
                 .expect("a cache has a part")
         };
@@ -232,28 +250,24 @@ impl KvPart {
     }
 
     /// The buffers of `layer`, for the `[B, T, W]` projection `qkv` laid out as `layout` says:
-    /// the part's own, made for its places when there are none or too few (the places already
-    /// written kept).
+    /// the part's own, grown to its places where it has more than they were made for (the
+    /// places already written kept).
     pub(crate) fn take(&mut self, layer: usize, qkv: &Tensor<3>, layout: QkvLayout) -> LayerKv {
         let (places, block, kv) = (self.lens.len(), self.block_size, layout.kv_width());
         let zeros = |shape| Tensor::<3>::zeros(shape, &qkv.device());
-        let kept = self.layers[layer].take();
-        if let Some((k, v)) = &kept {
-            assert!(
-                k.dims()[1..] == [kv, block] && v.dims()[1..] == [block, kv],
-                "a cache made for a model of other keys and values (Gpt::new_cache)"
-            );
-        }
-        match kept {
-            Some((k, v)) if v.dims()[0] == places => (k, v),
-            Some((k, v)) => {
-                let more = places - v.dims()[0];
-                (
-                    Tensor::cat(vec![k, zeros([more, kv, block])], 0),
-                    Tensor::cat(vec![v, zeros([more, block, kv])], 0),
-                )
-            }
-            None => (zeros([places, kv, block]), zeros([places, block, kv])),
+        let (k, v) = self.layers[layer]
+            .take()
+            .expect("a layer's buffers, given back after each pass");
+        assert!(
+            k.dims()[1..] == [kv, block] && v.dims()[1..] == [block, kv],
+            "a cache made for a model of other keys and values (Gpt::new_cache)"
+        );
+        match places - v.dims()[0] {
+            0 => (k, v),
+            more => (
+                Tensor::cat(vec![k, zeros([more, kv, block])], 0),
+                Tensor::cat(vec![v, zeros([more, block, kv])], 0),
+            ),
         }
     }
 

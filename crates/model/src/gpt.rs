@@ -145,9 +145,9 @@ impl Gpt {
         if let [part] = &mut parts[..] {
             return self.part_pass(idx, part, pass); // its rows are all the pass's, in order
         }
-        // Texts in several parts: each part's pass on a thread of its own where each is small
-        // (fused), else one after the other on every core; their logits put back in the rows'
-        // order.
+        // Texts in several parts: where each part's pass is small (fused), the threads of
+        // `apart` take the parts in turn, each whole on one thread; else one after the other on
+        // every core. Their logits put back in the rows' order.
         let device = idx.device();
         let ints = |v: &[usize]| {
             let ints: Vec<i64> = v.iter().map(|&i| i as i64).collect();
@@ -194,21 +194,25 @@ impl Gpt {
     }
 
     /// An empty key/value cache for this model, with room for `places` texts (a text that
-    /// finds none free in its part doubles the part's): [`Gpt::forward_cached`]'s.
+    /// finds none free in its part doubles the part's), its `cache_bytes(places)` allocated
+    /// now: [`Gpt::forward_cached`]'s.
     pub fn new_cache(&self, places: usize) -> KvCache {
         self.new_cache_in_parts(places, self.cache_parts(places))
     }
 
     /// [`Gpt::new_cache`] with its places in `parts` parts (at least one; [`KvCache`]), given
-    /// where `new_cache` chooses them from the model and the machine. The logits are the same.
+    /// where `new_cache` chooses them from the model. The logits are the same, up to their last
+    /// bits where a part holds many texts ([`KvCache`]).
     pub fn new_cache_in_parts(&self, places: usize, parts: usize) -> KvCache {
-        KvCache::new(self.n_layer(), self.block_size(), places, parts, PART_TEXTS)
+        let shape = [self.n_layer(), self.block_size(), self.kv_width()];
+        let device = self.head_weight().device();
+        KvCache::new(shape, places, parts, PART_TEXTS, &device)
     }
 
     /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, for a model whose
-    /// pass over `PART_TEXTS` texts runs on one thread (`SMALL_PASS`), `PARTS` where each has
-    /// room for twice `PART_TEXTS`; else one. A larger model's weights, read once per part, cost
-    /// more than the threads save.
+    /// pass over `PART_TEXTS` texts runs on one thread (`SMALL_PASS`), as many as have room for
+    /// twice `PART_TEXTS` texts each, `PARTS` at most; else one. A larger model's weights, read
+    /// once per part, cost more than the threads save.
     fn cache_parts(&self, places: usize) -> usize {
         let fused = self.ops.fused_on(&self.head_weight().device());
         if !fused || !self.small_pass(PART_TEXTS) {
@@ -222,11 +226,16 @@ impl Gpt {
         tokens * self.num_params() < SMALL_PASS
     }
 
-    /// Bytes of keys and values a cache of `places` texts holds once its buffers are made
-    /// ([`KvCache::bytes`]).
+    /// Bytes of keys and values a cache of `places` texts holds ([`KvCache::bytes`]), from when
+    /// it is made.
     pub fn cache_bytes(&self, places: usize) -> usize {
-        let kv = self.blocks.first().map_or(0, |b| b.attn.layout.kv_width());
-        2 * self.n_layer() * places * self.block_size() * kv * std::mem::size_of::<f32>()
+        let floats = 2 * self.n_layer() * places * self.block_size() * self.kv_width();
+        floats * std::mem::size_of::<f32>()
+    }
+
+    /// Width of a position's keys (and of its values) in every layer's cache.
+    fn kv_width(&self) -> usize {
+        self.blocks.first().map_or(0, |b| b.attn.layout.kv_width())
     }
 
     /// Whether the key/value cache may go on past `block_size`, one token at a time, each token
@@ -353,10 +362,11 @@ const PART_TEXTS: usize = 8;
 /// Parts of a small model's cache, when it has room for them: a number of its own, not the
 /// machine's cores, so that which texts share a pass never depends on the machine (gemm sums a
 /// product of one row and of several rows in different orders at some widths, so a text's
-/// last bits may depend on the texts beside it). Two: the cores it was measured on; a machine
-/// of one core runs the parts one after the other, one of more uses two of them for a small
-/// model's decoding (BENCHMARKS.md section 36).
-const PARTS: usize = 2;
+/// last bits may depend on the texts beside it). Four: room for `serve`'s 64 texts in parts of
+/// 16 (a pass over 8 texts makes a fifth fewer tokens a second than one over 16; BENCHMARKS.md
+/// section 37), taken by the threads as each finishes one; a machine of one core runs the parts
+/// one after the other, one of more uses up to four of them for a small model's decoding.
+const PARTS: usize = 4;
 
 /// Runs `f` on one of rayon's threads when the pass is fused: the kernels' parallel loops then
 /// start without a hand-off to the pool and back. Inside [`sampling`], on every core of a pool of
@@ -375,9 +385,10 @@ fn in_pool<R: Send>(pass: Pass, f: impl FnOnce() -> R + Send) -> R {
 /// ([`Gpt::forward_cached`]), so that each of them starts at once instead of handing its work
 /// to that thread and waiting for it to come back: on a 2-core machine that hand-off cost more
 /// than the default model's whole pass (BENCHMARKS.md section 20). Larger passes inside `f`
-/// still run on every core, and the parts of a cache's passes each on a core of its own. Each
-/// calling thread has a thread of its own for this: loops started on different threads wait for
-/// each other only where both run parts at once. The results are the same either way.
+/// still run on every core, and the parts of a cache's passes on up to `PARTS` cores, each part
+/// whole on one of them. Each calling thread has a thread of its own for this: loops started on
+/// different threads wait for each other only where both run parts at once. The results are
+/// the same either way.
 pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pools::on_one(|| {
         let _here = pools::Sampling::start();
@@ -388,7 +399,8 @@ pub fn sampling<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// The thread pools of sampling.
 mod pools {
     use std::cell::Cell;
-    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, OnceLock};
 
     use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -443,50 +455,57 @@ mod pools {
         WIDE.get_or_init(|| build(0))
     }
 
-    /// A one-thread pool for each part but one, on as many other cores as there are: the
-    /// threads besides a caller's that run the other items of [`apart`].
+    /// A one-thread pool for each thread but one that [`apart`] uses (`PARTS` at most, and no
+    /// more than the cores): the threads besides a caller's.
     static OTHERS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
 
-    /// `f` of each item at once, results in order: the first on this thread (its one-thread
-    /// pool outside a sampling loop), each other on a one-thread pool of its own (as many items
-    /// as cores; more wait for this thread), where its passes run at once as in a sampling loop.
-    /// No item's work is shared between threads, so no thread waits for another until all are
-    /// done. Loops on different threads share those pools: their items may wait for each other.
+    /// `f` of each item, results in order, on this thread (its one-thread pool outside a
+    /// sampling loop) and [`OTHERS`], up to one thread per item: each
+    /// thread takes the next item not yet taken as it finishes one, so that a thread the
+    /// machine delays takes fewer. Each item runs whole on one thread, where its passes run at
+    /// once as in a sampling loop: which thread takes it never changes its result. No item's
+    /// work is shared between threads, so no thread waits for another until all are done.
+    /// Loops on different threads share those pools: their items may wait for each other.
     pub fn apart<T: Send, R: Send>(items: &mut [T], f: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
         let others = OTHERS.get_or_init(|| {
             (1..wide().current_num_threads().min(super::PARTS))
                 .map(|_| build(1))
                 .collect()
         });
-        let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
-        let work: Vec<_> = items.iter_mut().zip(&mut results).collect();
+        let slots: Vec<Mutex<(Option<&mut T>, Option<R>)>> = items
+            .iter_mut()
+            .map(|item| Mutex::new((Some(item), None)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let take = || {
+            while let Some(slot) = slots.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let mut slot = slot.lock().expect("an item's slot");
+                let item = slot.0.take().expect("each item taken once");
+                slot.1 = Some(f(item));
+            }
+        };
+        let helpers = &others[..others.len().min(slots.len().saturating_sub(1))];
         one_thread(|| {
-            let _here = Sampling::start(); // the first item's passes run here at once
-            spread(work, others, &f)
+            let _here = Sampling::start(); // this thread's items' passes run here at once
+            with_helpers(helpers, &take)
         });
-        let results = results.into_iter();
+        let results = slots
+            .into_iter()
+            .map(|slot| slot.into_inner().expect("an item's slot").1);
         results.map(|r| r.expect("each item ran")).collect()
     }
 
-    /// [`apart`]'s items: the second to the first of `pools`, and so on; the first, and any
-    /// beyond the pools, on this thread.
-    fn spread<T: Send, R: Send>(
-        mut work: Vec<(&mut T, &mut Option<R>)>,
-        pools: &[ThreadPool],
-        f: &(impl Fn(&mut T) -> R + Sync),
-    ) {
-        if let (true, Some((pool, pools))) = (work.len() > 1, pools.split_first()) {
-            let (item, result) = work.remove(1);
-            return pool.in_place_scope(|scope| {
-                scope.spawn(move |_| {
+    /// `take` on this thread and on each of `pools` at once, until all have returned.
+    fn with_helpers(pools: &[ThreadPool], take: &(impl Fn() + Sync)) {
+        match pools.split_first() {
+            Some((pool, pools)) => pool.in_place_scope(|scope| {
+                scope.spawn(|_| {
                     let _here = Sampling::start();
-                    *result = Some(f(item));
+                    take()
                 });
-                spread(work, pools, f);
-            });
-        }
-        for (item, result) in work {
-            *result = Some(f(item));
+                with_helpers(pools, take)
+            }),
+            None => take(),
         }
     }
 
@@ -495,5 +514,35 @@ mod pools {
             .num_threads(threads)
             .build()
             .expect("a thread pool")
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Whether the flag is down on the pools `apart` uses besides the caller's.
+        fn flags_down() -> bool {
+            let others = OTHERS.get().map_or(&[][..], Vec::as_slice);
+            !on_one(sampling_here) && others.iter().all(|pool| !pool.install(sampling_here))
+        }
+
+        #[test]
+        fn apart_runs_each_item_once_in_order_and_restores_the_flag() {
+            let mut items: Vec<(usize, usize)> = (0..9).map(|i| (i, 0)).collect();
+            let out = apart(&mut items, |item| {
+                item.1 += 1;
+                (10 * item.0, sampling_here())
+            });
+            let order: Vec<usize> = out.iter().map(|o| o.0).collect();
+            assert_eq!(order, (0..9).map(|i| 10 * i).collect::<Vec<_>>());
+            assert!(out.iter().all(|o| o.1), "each item's passes run at once");
+            assert!(items.iter().all(|i| i.1 == 1), "each item once");
+            assert!(flags_down());
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                apart(&mut items, |item| assert_ne!(item.0, 5, "a failing item"))
+            }));
+            assert!(failed.is_err(), "an item's panic reaches the caller");
+            assert!(flags_down());
+        }
     }
 }

@@ -273,28 +273,45 @@ fn cached_logits_equal_full_forward() {
 }
 
 #[test]
-fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
+fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
     let device = device();
     // Twelve texts in three parts: the first part takes eight (growing from its four places),
-    // then the two others take turns; place p is place p / 3 of part p % 3.
+    // then the second the next, the one with fewer texts of the two until they hold 32; place
+    // p is place p / 3 of part p % 3.
     let model = modern(&device).1;
     let mut parted = model.new_cache_in_parts(12, 3);
     let places: Vec<usize> = (0..12).map(|_| parted.claim()).collect();
-    assert_eq!(places, [0, 3, 6, 9, 12, 15, 18, 21, 1, 2, 4, 5]);
+    assert_eq!(places, [0, 3, 6, 9, 12, 15, 18, 21, 1, 4, 7, 10]);
     assert_eq!((parted.parts(), parted.places()), (3, 16));
-    // A text leaves and another joins: the part with the fewest texts, its first free place.
+    // Sixty-four texts in four parts: one more part opens for each 16 texts past 32.
+    let mut four = model.new_cache_in_parts(64, 4);
+    let mut held = [0; 4];
+    for n in 1..=64 {
+        held[four.claim() % 4] += 1;
+        match n {
+            8 => assert_eq!(held, [8, 0, 0, 0]),
+            32 => assert_eq!(held, [16, 16, 0, 0]),
+            48 => assert_eq!(held, [16, 16, 16, 0]),
+            _ => {}
+        }
+    }
+    assert_eq!((held, four.places()), ([16; 4], 64));
+    // A text leaves and another joins: the open part with the fewest texts, its first free
+    // place.
     parted.release(4);
     assert_eq!(parted.claim(), 4);
-    let texts: Vec<Vec<i64>> = (0..12)
+    let texts: Vec<Vec<i64>> = (0..64)
         .map(|r| {
             (0..7)
                 .map(|t| ((r * 5 + t * 3 + r * t) % 11) as i64)
                 .collect()
         })
         .collect();
-    // Twelve texts in parts of 8, 2 and 2; nine in parts of 8 and 1 (a part of one text: gemm
-    // takes another path for one row, at this width, which adds to a bias otherwise). The
-    // model has biases, drawn: they start at zero.
+    // Sixty-four texts in four parts of 16, more parts than threads on up to 3 cores (each
+    // thread takes the next part as it finishes one); nine in parts of 8 and 1 (a part of one text: gemm
+    // takes another path for one row, at this width, which adds to a bias otherwise). Each
+    // against the text alone: one part of 24 texts or more gets other last bits here (1.8e-7;
+    // parts of 16 keep them). The model has biases, drawn: they start at zero.
     let config = modern(&device).0.with_n_embd(128).with_n_head(4);
     let mut model = seeded(&device, 48, || config.init(&device).unwrap());
     for block in &mut model.blocks {
@@ -304,15 +321,21 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
         });
         block.attn.c_attn.bias = Some(Param::initialized(bias.id, drawn));
     }
-    for ((n, parts), ops) in [(12, 3), (9, 2)]
+    for ((n, parts), ops) in [(64, 4), (9, 2)]
         .into_iter()
         .flat_map(|c| [Ops::Fused, Ops::Composite].map(|ops| (c, ops)))
     {
         let model = model.clone().with_ops(ops);
-        let mut parted = model.new_cache_in_parts(16, parts);
-        let mut whole = model.new_cache_in_parts(16, 1);
+        let mut parted = model.new_cache_in_parts(64, parts);
         let parted_places: Vec<usize> = (0..n).map(|_| parted.claim()).collect();
-        let whole_places: Vec<usize> = (0..n).map(|_| whole.claim()).collect();
+        // Each text alone, in a cache of its own.
+        let mut alone: Vec<_> = (0..n)
+            .map(|_| {
+                let mut cache = model.new_cache_in_parts(1, 1);
+                assert_eq!(cache.claim(), 0);
+                cache
+            })
+            .collect();
         // A prompt of 3 tokens, then one token at a time, the rows of every other pass reversed.
         let mut diffs = Vec::new();
         for (from, to) in [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)] {
@@ -321,10 +344,15 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
                 rows.reverse();
             }
             let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
-            let of = |places: &[usize]| rows.iter().map(|&r| places[r]).collect::<Vec<_>>();
-            let a = model.forward_cached(ids(&tokens, &device), &mut parted, &of(&parted_places));
-            let b = model.forward_cached(ids(&tokens, &device), &mut whole, &of(&whole_places));
-            diffs.push(max_diff(&to_vec(a), &to_vec(b)));
+            let places: Vec<usize> = rows.iter().map(|&r| parted_places[r]).collect();
+            let a = model.forward_cached(ids(&tokens, &device), &mut parted, &places);
+            let b: Vec<Vec<f32>> = (rows.iter())
+                .map(|&r| {
+                    let idx = ids(&[&texts[r][from..to]], &device);
+                    to_vec(model.forward_cached(idx, &mut alone[r], &[0]))
+                })
+                .collect();
+            diffs.push(max_diff(&to_vec(a), &b.concat()));
         }
         // The fused layers give each text the same values whatever texts run beside it.
         let most = diffs.iter().copied().fold(0.0f32, f32::max);
@@ -338,11 +366,15 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_of_one_part() {
 }
 
 #[test]
-fn a_small_models_cache_has_two_parts_whatever_the_cores_and_a_large_ones_one() {
+fn a_small_models_cache_has_parts_of_16_whatever_the_cores_and_a_large_ones_one() {
     let device = device();
     let small = modern(&device).1;
     assert_eq!(small.new_cache(32).parts(), 2);
-    assert_eq!(small.new_cache(64).parts(), 2);
+    assert_eq!(small.new_cache(48).parts(), 3);
+    assert_eq!(small.new_cache(64).parts(), 4);
+    assert_eq!(small.new_cache(256).parts(), 4, "four parts at most");
+    let cache = small.new_cache(64);
+    assert_eq!(cache.bytes(), small.cache_bytes(64), "allocated when made");
     assert_eq!(small.new_cache(31).parts(), 1, "fewer than 16 texts a part");
     assert_eq!(
         small.clone().with_ops(Ops::Composite).new_cache(32).parts(),
