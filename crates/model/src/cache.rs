@@ -17,9 +17,10 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// runs each part's texts on one thread, from the embedding to the logits, the threads taking
 /// the parts in turn ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work
 /// between the threads (BENCHMARKS.md sections 36 and 37). A text's logits are those it gets
-/// alone, up to their last bits where its part holds many texts (24 at a width of 128 here,
-/// not 20) or a layer is wide (over 512): gemm then sums a row in an order that depends on the
-/// rows beside it. A cache has one part unless [`crate::Gpt::new_cache`] gives it more.
+/// alone, up to their last bits where its part holds several texts: gemm sums a row of the
+/// head's product, and of a layer wider than 512, in an order that depends on the rows beside
+/// it (the head from 8 rows at a vocabulary of 65, from 24 at one of 11; section 37). A cache
+/// has one part unless [`crate::Gpt::new_cache`] gives it more.
 ///
 /// A part's buffers are made with the cache, for its places and `block_size` positions each
 /// (the model's context: allocated once, for `serve`'s `--max-batch` texts, not when load

@@ -310,8 +310,9 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
     // Sixty-four texts in four parts of 16, more parts than threads on up to 3 cores (each
     // thread takes the next part as it finishes one); nine in parts of 8 and 1 (a part of one text: gemm
     // takes another path for one row, at this width, which adds to a bias otherwise). Each
-    // against the text alone: one part of 24 texts or more gets other last bits here (1.8e-7;
-    // parts of 16 keep them). The model has biases, drawn: they start at zero.
+    // against the text alone: at this vocabulary (11) the head's product gives a row among 24
+    // or more other last bits than alone (1.8e-7; BENCHMARKS.md section 37), so parts of 16
+    // keep a text's bits. The model has biases, drawn: they start at zero.
     let config = modern(&device).0.with_n_embd(128).with_n_head(4);
     let mut model = seeded(&device, 48, || config.init(&device).unwrap());
     for block in &mut model.blocks {
