@@ -50,14 +50,17 @@ pub fn soft_cap(logits: &mut [f32], cap: f32, slopes: &mut [f32]) {
 /// Elements per rayon task of the soft-cap.
 const ROWS: usize = 16 * 1024;
 
-/// Logits of the head, `out = x wᵀ` (the transpose as strides: no copy of `w`), soft-capped
-/// at `cap` when `cap > 0`.
+/// Logits of the head, `out = x · head`, soft-capped at `cap` when `cap > 0`; `head` is the
+/// weight `[V, C]` transposed (`Mat::new(w, v, c).t()`: no copy), or a copy laid out `[C, V]`.
+/// Given the copy, a row's logits are the same bits whatever rows are beside it; given the
+/// weight transposed as strides, gemm sums a row alone, or among a few, in another order than
+/// among many (from 8 rows at a vocabulary of 65, from 2 at GPT-2's: BENCHMARKS.md section 37).
 ///
 /// # Shapes
-/// - x: `[N, C]`, w: `[V, C]` -> out: `[N, V]`
-pub fn logits(x: &[f32], w: &[f32], c: usize, cap: f32, out: &mut [f32]) {
-    let (n, v) = (x.len() / c, w.len() / c);
-    matmul(out, Mat::new(x, n, c), Mat::new(w, v, c).t(), false);
+/// - x: `[N, C]`, head: `[C, V]` -> out: `[N, V]`
+pub fn logits(x: &[f32], head: Mat, cap: f32, out: &mut [f32]) {
+    let c = head.rows;
+    matmul(out, Mat::new(x, x.len() / c.max(1), c), head, false);
     soft_cap(out, cap, &mut []);
 }
 

@@ -4,6 +4,7 @@
 use cinder_kernels::attention::{self, Shape};
 use cinder_kernels::layernorm::Norm;
 use cinder_kernels::linear::{self, Linear};
+use cinder_kernels::matmul::Mat;
 use cinder_kernels::{QkvLayout, activation, dropout, embedding, layernorm, loss, rmsnorm, rotary};
 use cinder_testing::max_diff;
 use rand::{Rng, SeedableRng};
@@ -370,6 +371,39 @@ fn embedding_backward_matches_finite_differences() {
     assert_eq!(dwte_alone, dwte);
 }
 
+/// Given the head laid out `[C, V]`, a row's logits are the same bits alone and among other
+/// rows, and agree with the head taken transposed as strides (whose rows do not keep their
+/// bits: BENCHMARKS.md section 37).
+#[test]
+fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
+    for (c, v) in [(128, 65), (128, 11), (384, 700), (20, 3)] {
+        let (x, w) = (random(70 * c, 40), random(v * c, 41));
+        let mut columns = vec![0.0; c * v]; // w transposed: [C, V]
+        for (j, row) in w.chunks_exact(c).enumerate() {
+            for (k, &value) in row.iter().enumerate() {
+                columns[k * v + j] = value;
+            }
+        }
+        let head = Mat::new(&columns, c, v);
+        let logits = |rows: &[f32], head: Mat| {
+            let mut out = vec![0.0; rows.len() / c * v];
+            loss::logits(rows, head, 1.5, &mut out);
+            out
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for n in [2, 3, 8, 24, 70] {
+            let many = logits(&x[..n * c], head);
+            let strided = logits(&x[..n * c], Mat::new(&w, v, c).t());
+            assert!(max_diff(&many, &strided) < 1e-5, "{c}x{v}, {n} rows");
+            for r in [0, n / 2, n - 1] {
+                let alone = logits(&x[r * c..(r + 1) * c], head);
+                let row = &many[r * v..(r + 1) * v];
+                assert_eq!(bits(row), bits(&alone), "{c}x{v}, row {r} of {n}");
+            }
+        }
+    }
+}
+
 #[test]
 fn loss_backward_matches_finite_differences_with_and_without_the_soft_cap() {
     let (n, c, v) = (4, 6, 11);
@@ -385,7 +419,7 @@ fn loss_backward_matches_finite_differences_with_and_without_the_soft_cap() {
         };
         // The loss from its definition: the capped logits' log-softmax at the targets.
         let mut logits = vec![0.0; n * v];
-        loss::logits(&x, &wte, c, cap, &mut logits);
+        loss::logits(&x, Mat::new(&wte, v, c).t(), cap, &mut logits);
         let naive: f64 = (0..n)
             .map(|i| {
                 let z: Vec<f64> = (0..v)

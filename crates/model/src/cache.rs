@@ -17,10 +17,10 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// runs each part's texts on one thread, from the embedding to the logits, the threads taking
 /// the parts in turn ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work
 /// between the threads (BENCHMARKS.md sections 36 and 37). A text's logits are those it gets
-/// alone, up to their last bits where its part holds several texts: gemm sums a row of the
-/// head's product, and of a layer wider than 512, in an order that depends on the rows beside
-/// it (the head from 8 rows at a vocabulary of 65, from 24 at one of 11; section 37). A cache
-/// has one part unless [`crate::Gpt::new_cache`] gives it more.
+/// alone (the cache keeps the head's weight laid out for its product, which then sums every
+/// row alike), up to their last bits at a layer wider than 512, whose product is summed in
+/// parts when many rows share it. A cache has one part unless [`crate::Gpt::new_cache`] gives
+/// it more.
 ///
 /// A part's buffers are made with the cache, for its places and `block_size` positions each
 /// (the model's context: allocated once, for `serve`'s `--max-batch` texts, not when load
@@ -40,6 +40,11 @@ pub struct KvCache {
     parts: Vec<KvPart>,
     /// Texts the first part takes before the others take any ([`KvCache::claim`]).
     first_alone: usize,
+    /// The model's head weight laid out `[C, V]`, copied when the cache was made: the logits'
+    /// product over it gives a row the same bits whatever rows are beside it, where the
+    /// weight `[V, C]` taken transposed does not (`HeadWeight::Columns`; BENCHMARKS.md
+    /// section 37).
+    head: Tensor<2>,
 }
 
 /// Some of a cache's places, with buffers of their own: what one pass over its texts reads and
@@ -66,12 +71,13 @@ pub(crate) struct PartPass<'a> {
 }
 
 impl KvCache {
-    /// An empty cache for a model of `n_layer` blocks, a context of `block_size` positions and
-    /// keys and values `kv` wide, with room for `places` texts in `parts` parts (the first
-    /// takes `first_alone` texts before the others take any), its buffers made now on
-    /// `device`: [`crate::Gpt::new_cache`] makes one for a model.
+    /// An empty cache for a model of `n_layer` blocks, a context of `block_size` positions,
+    /// keys and values `kv` wide and the head `head` (`[C, V]`), with room for `places` texts
+    /// in `parts` parts (the first takes `first_alone` texts before the others take any), its
+    /// buffers made now on `device`: [`crate::Gpt::new_cache`] makes one for a model.
     pub(crate) fn new(
         [n_layer, block_size, kv]: [usize; 3],
+        head: Tensor<2>,
         places: usize,
         parts: usize,
         first_alone: usize,
@@ -97,6 +103,7 @@ impl KvCache {
         Self {
             parts: (0..parts).map(part).collect(),
             first_alone,
+            head,
         }
     }
 
@@ -176,6 +183,11 @@ impl KvCache {
     pub fn clear(&mut self) {
         let lens = self.parts.iter_mut().flat_map(|p| &mut p.lens);
         lens.for_each(|len| *len = None);
+    }
+
+    /// The model's head weight `[C, V]`, as the cache's passes take it.
+    pub(crate) fn head(&self) -> Tensor<2> {
+        self.head.clone()
     }
 
     /// Parts the places lie in, each with buffers of its own.

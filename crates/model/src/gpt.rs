@@ -10,7 +10,7 @@ use crate::block::Block;
 use crate::cache::{KvCache, PartPass};
 use crate::config::{ConfigError, GptConfig, Norm, Position};
 use crate::init::{self, INIT_STD};
-use crate::ops::{self, DropoutKey, Ops, Pass};
+use crate::ops::{self, DropoutKey, HeadWeight, Ops, Pass};
 
 /// A decoder-only transformer. Build it with [`GptConfig::init`].
 #[derive(Module, Debug)]
@@ -76,7 +76,7 @@ impl Gpt {
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
         let pass = self.pass(&idx.device(), None);
-        in_pool(pass, || self.logits(idx, pass, &mut Keep::Nothing))
+        in_pool(pass, || self.logits(idx, pass, &mut Keep::Nothing, None))
     }
 
     /// Mean cross-entropy of `targets` (the token after each of `idx`): the training objective.
@@ -101,7 +101,7 @@ impl Gpt {
     pub fn forward_with_attention(&self, idx: Tensor<2, Int>) -> (Tensor<3>, Vec<Tensor<4>>) {
         let pass = Pass::composite(self.config.layer_norm_epsilon as f32);
         let mut weights = Vec::with_capacity(self.blocks.len());
-        let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights));
+        let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights), None);
         (logits, weights)
     }
 
@@ -132,6 +132,7 @@ impl Gpt {
         if b == 0 {
             return Tensor::zeros([0, self.vocab_size()], &idx.device());
         }
+        let head = cache.head();
         let mut parts = cache.split(places);
         let slides = t_new == 1 && self.cache_slides();
         assert!(
@@ -143,7 +144,7 @@ impl Gpt {
         );
         let pass = self.pass(&idx.device(), None);
         if let [part] = &mut parts[..] {
-            return self.part_pass(idx, part, pass); // its rows are all the pass's, in order
+            return self.part_pass(idx, part, pass, head); // its rows are all the pass's, in order
         }
         // Texts in several parts: where each part's pass is small (fused), the threads of
         // `apart` take the parts in turn, each whole on one thread; else one after the other on
@@ -155,7 +156,7 @@ impl Gpt {
         };
         let run = |part: &mut PartPass| {
             let rows = idx.clone().select(0, ints(&part.rows));
-            self.part_pass(rows, part, pass)
+            self.part_pass(rows, part, pass, head.clone())
         };
         let small = |p: &PartPass| self.small_pass(p.rows.len() * t_new);
         let logits = if pass.fused && parts.iter().all(small) {
@@ -176,14 +177,21 @@ impl Gpt {
     /// # Shapes
     /// - idx: `[B, T_new]`, `part`'s rows, in order
     /// - output: `[B, vocab_size]`
-    fn part_pass(&self, idx: Tensor<2, Int>, part: &mut PartPass, pass: Pass) -> Tensor<2> {
+    /// - head: `[C, V]`, the cache's copy of the head's weight
+    fn part_pass(
+        &self,
+        idx: Tensor<2, Int>,
+        part: &mut PartPass,
+        pass: Pass,
+        head: Tensor<2>,
+    ) -> Tensor<2> {
         let [b, t_new] = idx.dims();
         let mut keep = Keep::Cache {
             cache: part.part,
             places: &part.places,
             starts: &part.starts,
         };
-        let run = || self.logits(idx, pass, &mut keep); // (B, 1, V)
+        let run = || self.logits(idx, pass, &mut keep, Some(head)); // (B, 1, V)
         let logits = if pass.fused && self.small_pass(b * t_new) {
             pools::one_thread(run)
         } else {
@@ -195,7 +203,8 @@ impl Gpt {
 
     /// An empty key/value cache for this model, with room for `places` texts (a text that
     /// finds none free in its part doubles the part's), its `cache_bytes(places)` allocated
-    /// now: [`Gpt::forward_cached`]'s.
+    /// now, with a copy of the head's weight (`vocab_size x n_embd`; [`KvCache`]):
+    /// [`Gpt::forward_cached`]'s.
     pub fn new_cache(&self, places: usize) -> KvCache {
         self.new_cache_in_parts(places, self.cache_parts(places))
     }
@@ -205,8 +214,11 @@ impl Gpt {
     /// bits where a part holds many texts ([`KvCache`]).
     pub fn new_cache_in_parts(&self, places: usize, parts: usize) -> KvCache {
         let shape = [self.n_layer(), self.block_size(), self.kv_width()];
-        let device = self.head_weight().device();
-        KvCache::new(shape, places, parts, PART_TEXTS, &device)
+        let w = self.head_weight();
+        let device = w.device();
+        // The head's weight laid out [C, V] for the product (ops::HeadWeight::Columns).
+        let head = Tensor::from_data(w.transpose().into_data(), &device);
+        KvCache::new(shape, head, places, parts, PART_TEXTS, &device)
     }
 
     /// Parts of a cache for `places` texts ([`KvCache`]): on the fused layers, for a model whose
@@ -323,11 +335,20 @@ impl Gpt {
         x
     }
 
-    /// The trunk, the final norm and the head: logits `[B, T, V]` (`[B, 1, V]` with a cache).
-    fn logits(&self, idx: Tensor<2, Int>, pass: Pass, keep: &mut Keep) -> Tensor<3> {
+    /// The trunk, the final norm and the head: logits `[B, T, V]` (`[B, 1, V]` with a cache),
+    /// through the head's weight as `head` gives it (the model's own unless a cache keeps a
+    /// copy).
+    fn logits(
+        &self,
+        idx: Tensor<2, Int>,
+        pass: Pass,
+        keep: &mut Keep,
+        head: Option<Tensor<2>>,
+    ) -> Tensor<3> {
         let x = self.trunk(idx, pass, keep);
         let x = ops::norm(self.ln_f.as_ref(), x, pass);
-        ops::head(self.head_weight(), self.softcap(), x, pass)
+        let head = head.map_or_else(|| HeadWeight::Rows(self.head_weight()), HeadWeight::Columns);
+        ops::head(head, self.softcap(), x, pass)
     }
 }
 

@@ -351,8 +351,28 @@ pub(crate) fn head_loss(
 ) -> Tensor<1> {
     fused_or!(pass.fused,
         fused => fused::head_loss(x, w, targets, softcap),
-        composite => cross_entropy(head(w, softcap, x, pass), targets),
+        composite => cross_entropy(head(HeadWeight::Rows(w), softcap, x, pass), targets),
     )
+}
+
+/// The head's weight as its product takes it.
+#[derive(Clone, Debug)]
+pub(crate) enum HeadWeight {
+    /// `[V, C]`, the model's own (the product takes it transposed, as strides).
+    Rows(Tensor<2>),
+    /// `[C, V]`, a copy laid out for the product, which a key/value cache keeps: a row's
+    /// logits are then the same bits whatever rows are beside it (BENCHMARKS.md section 37).
+    Columns(Tensor<2>),
+}
+
+impl HeadWeight {
+    /// The weight `[C, V]` (a view of the model's own, or the copy) and whether it is the copy.
+    fn columns(self) -> (Tensor<2>, bool) {
+        match self {
+            HeadWeight::Rows(w) => (w.transpose(), false),
+            HeadWeight::Columns(w) => (w, true),
+        }
+    }
 }
 
 /// The head's logits, `x wᵀ` with `w` `[V, C]`, soft-capped at `softcap` when positive. The
@@ -361,10 +381,11 @@ pub(crate) fn head_loss(
 ///
 /// # Shapes
 /// - x: `[B, T, C]` -> `[B, T, V]`
-pub(crate) fn head(w: Tensor<2>, softcap: f32, x: Tensor<3>, pass: Pass) -> Tensor<3> {
-    let composite = |x: Tensor<3>, w: Tensor<2>| {
-        let [v, c] = w.dims();
-        let logits = x.matmul(w.transpose().reshape([1, c, v]));
+pub(crate) fn head(w: HeadWeight, softcap: f32, x: Tensor<3>, pass: Pass) -> Tensor<3> {
+    let composite = |x: Tensor<3>, w: HeadWeight| {
+        let (w, _) = w.columns();
+        let [c, v] = w.dims();
+        let logits = x.matmul(w.reshape([1, c, v]));
         if softcap > 0.0 {
             let cap = f64::from(softcap);
             (logits / cap).tanh() * cap
@@ -376,7 +397,10 @@ pub(crate) fn head(w: Tensor<2>, softcap: f32, x: Tensor<3>, pass: Pass) -> Tens
         fused => if x.device().is_autodiff() {
             composite(x, w)
         } else {
-            fused::head(x, w, softcap)
+            match w {
+                HeadWeight::Rows(w) => fused::head(x, w, softcap, false),
+                HeadWeight::Columns(w) => fused::head(x, w, softcap, true),
+            }
         },
         composite => composite(x, w),
     )

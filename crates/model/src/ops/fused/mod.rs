@@ -16,6 +16,7 @@ use burn::prelude::*;
 use cinder_kernels::adamw::{self, Update};
 use cinder_kernels::attention::{self, CachedShape};
 use cinder_kernels::dropout::Mask;
+use cinder_kernels::matmul::Mat;
 use cinder_kernels::{QkvLayout, activation, loss, muon, rotary};
 
 use crate::Activation;
@@ -100,8 +101,14 @@ pub trait Inference: burn::backend::Backend {
         layout: QkvLayout,
         last_only: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// The head's logits `x wᵀ`, soft-capped when `softcap > 0`: `[.., C]` -> `[.., V]`.
-    fn head(x: FloatTensor<Self>, w: FloatTensor<Self>, softcap: f32) -> FloatTensor<Self>;
+    /// The head's logits `x wᵀ`, soft-capped when `softcap > 0`: `[.., C]` -> `[.., V]`; `w`
+    /// is `[V, C]`, or with `columns` a copy laid out `[C, V]` ([`loss::logits`]).
+    fn head(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        softcap: f32,
+        columns: bool,
+    ) -> FloatTensor<Self>;
 }
 
 /// The optimizer's fused passes, on plain Flex.
@@ -249,11 +256,12 @@ pub fn head_loss(x: Tensor<3>, w: Tensor<2>, targets: Tensor<2, Int>, softcap: f
     ))
 }
 
-pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>, softcap: f32) -> Tensor<D> {
+pub fn head<const D: usize>(x: Tensor<D>, w: Tensor<2>, softcap: f32, columns: bool) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as Inference>::head(
         x.into_dispatch(),
         w.into_dispatch(),
         softcap,
+        columns,
     ))
 }
 
@@ -511,12 +519,16 @@ impl Inference for Flex {
         (tensor(y, [samples, rows, c]), keys, values)
     }
 
-    fn head(x: FlexTensor, w: FlexTensor, softcap: f32) -> FlexTensor {
-        let (shape, [v, c]) = (dims(&x), [dims(&w)[0], dims(&w)[1]]);
-        let xs = floats(&x);
-        let mut out = zeros(xs.len() / c * v);
-        loss::logits(&xs, &floats(&w), c, softcap, &mut out);
-        tensor(out, with_last(&shape, v))
+    fn head(x: FlexTensor, w: FlexTensor, softcap: f32, columns: bool) -> FlexTensor {
+        let (shape, [rows, cols]) = (dims(&x), [dims(&w)[0], dims(&w)[1]]);
+        let (xs, ws) = (floats(&x), floats(&w));
+        let head = match columns {
+            true => Mat::new(&ws, rows, cols),      // [C, V]
+            false => Mat::new(&ws, rows, cols).t(), // [V, C], transposed as strides
+        };
+        let mut out = zeros(xs.len() / head.rows * head.cols);
+        loss::logits(&xs, head, softcap, &mut out);
+        tensor(out, with_last(&shape, head.cols))
     }
 }
 
