@@ -387,14 +387,14 @@ fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
         let head = Mat::new(&columns, c, v);
         let logits = |rows: &[f32], head: Mat| {
             let mut out = vec![0.0; rows.len() / c * v];
-            loss::logits(rows, head, 1.5, &mut out);
+            loss::logits(rows, head, 0.0, &mut out); // no cap: it would hide last bits
             out
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for n in [2, 3, 8, 24, 70] {
             let many = logits(&x[..n * c], head);
             let strided = logits(&x[..n * c], Mat::new(&w, v, c).t());
-            assert!(max_diff(&many, &strided) < 1e-5, "{c}x{v}, {n} rows");
+            assert!(max_diff(&many, &strided) < 1e-4, "{c}x{v}, {n} rows"); // logits near 20
             for r in [0, n / 2, n - 1] {
                 let alone = logits(&x[r * c..(r + 1) * c], head);
                 let row = &many[r * v..(r + 1) * v];

@@ -40,7 +40,9 @@ pub struct KvCache {
     parts: Vec<KvPart>,
     /// Texts the first part takes before the others take any ([`KvCache::claim`]).
     first_alone: usize,
-    /// The model's head weight laid out `[C, V]`, copied when the cache was made: the logits'
+    /// The model's head weight laid out `[C, V]`, copied when the cache was made (a cache is
+    /// for the weights it was made with: make a new one once they change, by training,
+    /// fine-tuning or a reload; and no gradient reaches the head through it): the logits'
     /// product over it gives a row the same bits whatever rows are beside it, where the
     /// weight `[V, C]` taken transposed does not (`HeadWeight::Columns`; BENCHMARKS.md
     /// section 37).

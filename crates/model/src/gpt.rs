@@ -133,6 +133,11 @@ impl Gpt {
             return Tensor::zeros([0, self.vocab_size()], &idx.device());
         }
         let head = cache.head();
+        assert_eq!(
+            head.dims(),
+            [self.head_weight().dims()[1], self.vocab_size()],
+            "a cache made for another model (Gpt::new_cache)"
+        );
         let mut parts = cache.split(places);
         let slides = t_new == 1 && self.cache_slides();
         assert!(
@@ -203,8 +208,8 @@ impl Gpt {
 
     /// An empty key/value cache for this model, with room for `places` texts (a text that
     /// finds none free in its part doubles the part's), its `cache_bytes(places)` allocated
-    /// now, with a copy of the head's weight (`vocab_size x n_embd`; [`KvCache`]):
-    /// [`Gpt::forward_cached`]'s.
+    /// now, with a copy of the head's weight laid out `n_embd x vocab_size` ([`KvCache`]: make
+    /// a new cache once the weights change): [`Gpt::forward_cached`]'s.
     pub fn new_cache(&self, places: usize) -> KvCache {
         self.new_cache_in_parts(places, self.cache_parts(places))
     }
@@ -243,6 +248,12 @@ impl Gpt {
     pub fn cache_bytes(&self, places: usize) -> usize {
         let floats = 2 * self.n_layer() * places * self.block_size() * self.kv_width();
         floats * std::mem::size_of::<f32>()
+    }
+
+    /// Bytes of the copy of the head's weight that a cache keeps besides its keys and values
+    /// ([`KvCache`]).
+    pub fn cache_head_bytes(&self) -> usize {
+        self.head_weight().shape().num_elements() * std::mem::size_of::<f32>()
     }
 
     /// Width of a position's keys (and of its values) in every layer's cache.

@@ -169,7 +169,8 @@ impl Picker {
 ///   cached keys and values of the last `block_size` tokens, as they were computed when each was
 ///   new, at one position's cost;
 /// - learned positions: every token's position shifts at each step, so the window is run whole
-///   into the row's place, from its start, per token: exactly the logits of the uncached path.
+///   into the row's place, from its start, per token: the logits of the uncached path (up to
+///   their last bits: the cache's copy of the head is laid out for its product).
 ///
 /// Without the cache, every token's window is run whole (exact windows), whatever the
 /// positions; with rotary positions that differs from the cache past `block_size`.
@@ -192,8 +193,9 @@ impl<'a> Decoder<'a> {
         Self::with(model, device, use_cache.then(|| model.new_cache(rows)))
     }
 
-    /// Decoding with `model` on `device` and the cache `cache`, made for `model` (an earlier
-    /// decoder's, [`Decoder::into_cache`]): its buffers are kept, its places all freed.
+    /// Decoding with `model` on `device` and the cache `cache`, made for `model` with its
+    /// weights as they are (an earlier decoder's, [`Decoder::into_cache`]; it holds a copy of
+    /// the head): its buffers are kept, its places all freed.
     pub fn with_cache(model: &'a Gpt, device: &Device, cache: KvCache) -> Self {
         Self::with(model, device, Some(cache))
     }

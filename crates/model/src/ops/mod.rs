@@ -366,16 +366,17 @@ pub(crate) enum HeadWeight {
 }
 
 impl HeadWeight {
-    /// The weight `[C, V]` (a view of the model's own, or the copy) and whether it is the copy.
-    fn columns(self) -> (Tensor<2>, bool) {
+    /// The weight `[C, V]`: a view of the model's own, or the copy.
+    fn columns(self) -> Tensor<2> {
         match self {
-            HeadWeight::Rows(w) => (w.transpose(), false),
-            HeadWeight::Columns(w) => (w, true),
+            HeadWeight::Rows(w) => w.transpose(),
+            HeadWeight::Columns(w) => w,
         }
     }
 }
 
-/// The head's logits, `x wᵀ` with `w` `[V, C]`, soft-capped at `softcap` when positive. The
+/// The head's logits, `x wᵀ` with `w` as [`HeadWeight`] gives it, soft-capped at `softcap` when
+/// positive. The
 /// fused version is an inference op (no gradient), so a pass with autodiff takes the composite
 /// one.
 ///
@@ -383,7 +384,7 @@ impl HeadWeight {
 /// - x: `[B, T, C]` -> `[B, T, V]`
 pub(crate) fn head(w: HeadWeight, softcap: f32, x: Tensor<3>, pass: Pass) -> Tensor<3> {
     let composite = |x: Tensor<3>, w: HeadWeight| {
-        let (w, _) = w.columns();
+        let w = w.columns();
         let [c, v] = w.dims();
         let logits = x.matmul(w.reshape([1, c, v]));
         if softcap > 0.0 {

@@ -123,10 +123,13 @@ impl Worker {
         // to batch.
         let cache = model.cache.lock().expect("only the worker takes it").take();
         let cache = cache.unwrap_or_else(|| {
-            let mib = model.gpt.cache_bytes(self.max_rows) as f64 / (1 << 20) as f64;
+            let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
             eprintln!(
-                "model {id}: a key/value cache for {} rows, {mib:.1} MiB (serve --max-batch)",
-                self.max_rows
+                "model {id}: a key/value cache for {} rows, {:.1} MiB, and a copy of the head, \
+                 {:.1} MiB (serve --max-batch)",
+                self.max_rows,
+                mib(model.gpt.cache_bytes(self.max_rows)),
+                mib(model.gpt.cache_head_bytes())
             );
             model.gpt.new_cache(self.max_rows)
         });
