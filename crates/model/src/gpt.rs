@@ -76,7 +76,9 @@ impl Gpt {
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
         let pass = self.pass(&idx.device(), None);
-        in_pool(pass, || self.logits(idx, pass, &mut Keep::Nothing, None))
+        in_pool(pass, || {
+            self.logits(idx, pass, &mut Keep::Nothing, self.own_head())
+        })
     }
 
     /// Mean cross-entropy of `targets` (the token after each of `idx`): the training objective.
@@ -101,7 +103,7 @@ impl Gpt {
     pub fn forward_with_attention(&self, idx: Tensor<2, Int>) -> (Tensor<3>, Vec<Tensor<4>>) {
         let pass = Pass::composite(self.config.layer_norm_epsilon as f32);
         let mut weights = Vec::with_capacity(self.blocks.len());
-        let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights), None);
+        let logits = self.logits(idx, pass, &mut Keep::Weights(&mut weights), self.own_head());
         (logits, weights)
     }
 
@@ -196,7 +198,7 @@ impl Gpt {
             places: &part.places,
             starts: &part.starts,
         };
-        let run = || self.logits(idx, pass, &mut keep, Some(head)); // (B, 1, V)
+        let run = || self.logits(idx, pass, &mut keep, HeadWeight::Columns(head)); // (B, 1, V)
         let logits = if pass.fused && self.small_pass(b * t_new) {
             pools::one_thread(run)
         } else {
@@ -216,7 +218,7 @@ impl Gpt {
 
     /// [`Gpt::new_cache`] with its places in `parts` parts (at least one; [`KvCache`]), given
     /// where `new_cache` chooses them from the model. The logits are the same, up to their last
-    /// bits where a part holds many texts ([`KvCache`]).
+    /// bits at layers wider than 512 ([`KvCache`]).
     pub fn new_cache_in_parts(&self, places: usize, parts: usize) -> KvCache {
         let shape = [self.n_layer(), self.block_size(), self.kv_width()];
         let w = self.head_weight();
@@ -347,19 +349,23 @@ impl Gpt {
     }
 
     /// The trunk, the final norm and the head: logits `[B, T, V]` (`[B, 1, V]` with a cache),
-    /// through the head's weight as `head` gives it (the model's own unless a cache keeps a
-    /// copy).
+    /// through the head's weight as `head` gives it (a cache's copy, or the model's own:
+    /// [`Gpt::own_head`]).
     fn logits(
         &self,
         idx: Tensor<2, Int>,
         pass: Pass,
         keep: &mut Keep,
-        head: Option<Tensor<2>>,
+        head: HeadWeight,
     ) -> Tensor<3> {
         let x = self.trunk(idx, pass, keep);
         let x = ops::norm(self.ln_f.as_ref(), x, pass);
-        let head = head.map_or_else(|| HeadWeight::Rows(self.head_weight()), HeadWeight::Columns);
         ops::head(head, self.softcap(), x, pass)
+    }
+
+    /// The head's weight as the model holds it, for a pass without a cache.
+    fn own_head(&self) -> HeadWeight {
+        HeadWeight::Rows(self.head_weight())
     }
 }
 
@@ -492,9 +498,8 @@ mod pools {
     static OTHERS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
 
     /// `f` of each item, results in order, on this thread (its one-thread pool outside a
-    /// sampling loop) and [`OTHERS`], up to one thread per item: each
-    /// thread takes the next item not yet taken as it finishes one, so that a thread the
-    /// machine delays takes fewer. Each item runs whole on one thread, where its passes run at
+    /// sampling loop) and [`OTHERS`], up to one thread per item: each thread takes the next
+    /// item not yet taken as it finishes one, so that a thread the machine delays takes fewer. Each item runs whole on one thread, where its passes run at
     /// once as in a sampling loop: which thread takes it never changes its result. No item's
     /// work is shared between threads, so no thread waits for another until all are done.
     /// Loops on different threads share those pools: their items may wait for each other.
