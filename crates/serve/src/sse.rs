@@ -3,8 +3,8 @@
 //! The events the worker has sent meanwhile are read together, and each choice's text among
 //! them goes as one chunk: a client (or a server) that falls behind under load catches up in
 //! fewer, longer chunks, instead of paying an event's cost for every token (the worker itself
-//! sends a choice's text at most every 20 ms, after the first: `engine::choice::GAP`). A choice's text always
-//! goes before its `finish_reason`.
+//! sends a choice's text at most every 20 ms after the first, and less often under load:
+//! `engine::choice::gap`). A choice's text always goes before its `finish_reason`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;

@@ -1,6 +1,6 @@
 //! One choice of a request: the text of its row's tokens, sent as it settles, held back while
 //! it may be the start of a stop string, and each token's log-probabilities sent with the text
-//! they belong to. After its first text, a choice sends what settled at most every [`GAP`].
+//! they belong to. After its first text, a choice sends what settled at most every [`gap`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -13,10 +13,19 @@ use super::job::{Event, Finish, TokenLogprob};
 use super::stop::StopMatcher;
 
 /// The least time between two messages of text of a choice, after its first (its end goes at
-/// once): under load a token comes every few milliseconds, and a message each wakes the
-/// client's connection and makes a chunk of a stream; the text still appears 50 times a second
-/// (BENCHMARKS.md section 36).
-pub(super) const GAP: Duration = Duration::from_millis(20);
+/// once), with `rows` rows decoding: 20 ms, and under load long enough that all the streams
+/// together send about [`MESSAGES_PER_S`] messages a second, up to 100 ms. Each message wakes
+/// a client's connection, makes a chunk of its stream and takes a read of the client: with one
+/// every 20 ms, 32 streams took a tenth of two cores, beside the decoding (BENCHMARKS.md
+/// sections 36 and 39). The text still appears 10 times a second or more.
+pub(super) fn gap(rows: usize) -> Duration {
+    let spread = Duration::from_secs(1) * rows as u32 / MESSAGES_PER_S;
+    spread.clamp(Duration::from_millis(20), Duration::from_millis(100))
+}
+
+/// The messages of text a second that all the streams together send at most, with 10 rows
+/// decoding or more (fewer rows send one every 20 ms each; more than 50, one every 100 ms).
+const MESSAGES_PER_S: u32 = 500;
 
 /// The client went away: its events have nowhere to go.
 pub(super) struct Gone;
@@ -34,21 +43,18 @@ pub(super) struct Choice<'a> {
     waiting: VecDeque<(TokenLogprob, usize)>,
     /// Text settled and not yet sent (waiting for the gap), and its tokens.
     unsent: Option<(String, Vec<TokenLogprob>)>,
-    /// When text was last sent (none yet: the first goes at once), and the least time between.
+    /// When text was last sent (none yet: the first goes at once).
     last_sent: Option<Instant>,
-    gap: Duration,
 }
 
 impl<'a> Choice<'a> {
     /// Choice `index` of its request (prompt by prompt, `n` each), ending at any of `stop`;
-    /// its text so far is `echoed` characters long (the prompt, with `echo`). After its first
-    /// text, it sends text at most every `gap` ([`GAP`]).
+    /// its text so far is `echoed` characters long (the prompt, with `echo`).
     pub(super) fn new(
         index: usize,
         tokenizer: &'a Tokenizer,
         stop: &[String],
         echoed: usize,
-        gap: Duration,
     ) -> Self {
         Self {
             index,
@@ -60,7 +66,6 @@ impl<'a> Choice<'a> {
             waiting: VecDeque::new(),
             unsent: None,
             last_sent: None,
-            gap,
         }
     }
 
@@ -75,7 +80,7 @@ impl<'a> Choice<'a> {
 
     /// Sends `text` of choice `index` and the tokens whose text it completes, if there are any,
     /// as of the request's `written` tokens, with the text not sent yet: at once the first time,
-    /// then once `gap` has passed since the last (else it waits for a later call, which may
+    /// then once `gap` has passed since the last ([`gap`]; else it waits for a later call, which may
     /// settle no text, or [`Choice::flush`]). With `stopped`, the tokens that begin in the text
     /// sent go, and the others (the stop string's) are dropped.
     fn send_text(
@@ -83,6 +88,7 @@ impl<'a> Choice<'a> {
         text: String,
         written: usize,
         stopped: bool,
+        gap: Duration,
         events: &UnboundedSender<Event>,
     ) -> Result<(), Gone> {
         self.sent += text.chars().count();
@@ -110,7 +116,7 @@ impl<'a> Choice<'a> {
             unsent.1.extend(logprobs);
         }
         match self.last_sent {
-            Some(last) if last.elapsed() < self.gap => Ok(()),
+            Some(last) if last.elapsed() < gap => Ok(()),
             _ => self.flush(written, events),
         }
     }
@@ -138,12 +144,13 @@ impl<'a> Choice<'a> {
     }
 
     /// Decodes `token`, the request's `written`th (with its log-probabilities, if asked for),
-    /// and sends the text it settles.
+    /// and sends the text it settles, once `gap` has passed since it last sent.
     pub(super) fn push(
         &mut self,
         token: u32,
         logprob: Option<TokenLogprob>,
         written: usize,
+        gap: Duration,
         events: &UnboundedSender<Event>,
     ) -> Result<(), Gone> {
         let piece = self.stream.push(token);
@@ -159,7 +166,7 @@ impl<'a> Choice<'a> {
             ));
         }
         let (text, stopped) = self.held.push(&piece);
-        self.send_text(text, written, stopped, events)?;
+        self.send_text(text, written, stopped, gap, events)?;
         if stopped {
             self.flush(written, events)?;
             self.finished = true;
@@ -184,8 +191,7 @@ impl<'a> Choice<'a> {
             // Every token's text goes with it.
             text.push_str(&self.held.release());
         }
-        self.send_text(text, written, stopped, events)?;
-        self.flush(written, events)?;
+        self.send_text(text, written, stopped, Duration::ZERO, events)?;
         let index = self.index;
         let reason = if stopped {
             Finish::Stop
@@ -225,7 +231,7 @@ mod tests {
     ) -> (Vec<(String, Vec<String>)>, Option<Finish>) {
         let (tx, mut rx) = unbounded_channel();
         let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
-        let mut choice = Choice::new(0, tokenizer, &stop, 0, gap);
+        let mut choice = Choice::new(0, tokenizer, &stop, 0);
         for (i, &id) in tokenizer.encode(text).unwrap().iter().enumerate() {
             let logprob = TokenLogprob {
                 text: token_text(tokenizer, id),
@@ -233,7 +239,10 @@ mod tests {
                 top: Vec::new(),
                 offset: 0,
             };
-            choice.push(id, Some(logprob), i + 1, &tx).ok().unwrap();
+            choice
+                .push(id, Some(logprob), i + 1, gap, &tx)
+                .ok()
+                .unwrap();
             if choice.finished() {
                 break;
             }
@@ -277,6 +286,19 @@ mod tests {
             "the first text, then the rest at the stop: {stopped:?}"
         );
         assert!(matches!(finish, Some(Finish::Stop)), "{finish:?}");
+    }
+
+    #[test]
+    fn the_gap_spreads_500_messages_a_second_over_the_rows_between_20_and_100_ms() {
+        let ms = |rows| gap(rows).as_secs_f64() * 1e3;
+        for (rows, expected) in [(1, 20.0), (10, 20.0), (16, 32.0), (32, 64.0), (50, 100.0)] {
+            assert!(
+                (ms(rows) - expected).abs() < 1e-6,
+                "{rows} rows: {} ms",
+                ms(rows)
+            );
+        }
+        assert_eq!(ms(64), 100.0);
     }
 
     #[test]

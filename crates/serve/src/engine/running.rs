@@ -10,7 +10,7 @@ use cinder::sampling::{DEFAULT_PROMPT, TokenProbs, prompt_ids, token_probs, toke
 use cinder_data::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::choice::{Choice, GAP};
+use super::choice::{Choice, gap};
 use super::error::EngineError;
 use super::job::{Event, Job, TokenLogprob};
 use super::load::Load;
@@ -100,7 +100,7 @@ impl<'t> Running<'t> {
                 0
             };
             let choices = (0..job.n)
-                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop, echoed, GAP))
+                .map(|c| Choice::new(index * job.n + c, tokenizer, &job.stop, echoed))
                 .collect();
             let picker = Picker::new(job.sampling, job.seed, tokenizer.vocab_size(), &ids, job.n);
             prompts.push((ids, picker, choices));
@@ -157,8 +157,10 @@ impl<'t> Running<'t> {
     }
 
     /// Picks each row's next token from `logits` (this request's rows), as `generate` does,
-    /// and sends what it makes of the choices' text. Returns the tokens, row by row.
-    pub(super) fn pick(&mut self, logits: &[f32]) -> Vec<u32> {
+    /// and sends what it makes of the choices' text, each at most as often as `decoding` rows
+    /// in all allow ([`gap`]). Returns the tokens, row by row.
+    pub(super) fn pick(&mut self, logits: &[f32], decoding: usize) -> Vec<u32> {
+        let gap = gap(decoding);
         let per_prompt = logits.len() / self.prompts.len();
         let v = logits.len() / self.row_count();
         let vocab = self.tokenizer.vocab_size().min(v);
@@ -175,7 +177,9 @@ impl<'t> Running<'t> {
                         .job
                         .logprobs
                         .map(|top| shown(self.tokenizer, &token_probs(&row[..vocab], token, top)));
-                    self.gone |= choice.push(token, logprob, written, &self.events).is_err();
+                    self.gone |= choice
+                        .push(token, logprob, written, gap, &self.events)
+                        .is_err();
                 }
             }
         }
@@ -183,7 +187,7 @@ impl<'t> Running<'t> {
         tokens
     }
 
-    /// Sends every choice's text not sent yet (it waits for the gap: `choice::GAP`): before the
+    /// Sends every choice's text not sent yet (it waits for the gap: [`gap`]): before the
     /// worker stops for other work, and before an error ends the request.
     pub(super) fn flush(&mut self) {
         let written = self.completion_tokens;

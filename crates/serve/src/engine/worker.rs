@@ -189,15 +189,16 @@ impl Worker {
                 return;
             }
             let logits = decoder.next_logits();
-            self.load.pass(decoder.rows());
-            let v = logits.len() / decoder.rows();
+            let decoding = decoder.rows();
+            self.load.pass(decoding);
+            let v = logits.len() / decoding;
             let stopping = self.load.stopping.load(Ordering::SeqCst);
             let mut row = 0;
             let mut ended = Vec::new();
             for (i, request) in running.iter_mut().enumerate() {
                 let rows = row..row + request.row_count();
                 row = rows.end;
-                let tokens = request.pick(&logits[rows.start * v..rows.end * v]);
+                let tokens = request.pick(&logits[rows.start * v..rows.end * v], decoding);
                 for (r, token) in rows.clone().zip(tokens) {
                     decoder.push(r, token);
                 }
