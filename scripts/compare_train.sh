@@ -13,7 +13,8 @@
 #   scripts/compare_train.sh [--seed N] [--nanogpt path/to/nanoGPT] [--python PYTHON]
 #       [--reference path/to/torch_reference.py] [--only-default] [--cinder "LABEL|FLAGS"]...
 #
-# Needs: cargo build --release; pip install torch numpy. For nanoGPT: a checkout of
+# Needs: cargo build --release; pip install torch numpy (and requests, which nanoGPT's prepare.py
+# imports). For nanoGPT: a checkout of
 # karpathy/nanoGPT; the script copies data/tinyshakespeare.txt to its
 # data/shakespeare_char/input.txt (in place of its download) and runs its prepare.py.
 set -euo pipefail

@@ -1061,6 +1061,39 @@ fn concurrent_requests_are_decoded_together_each_with_generates_text() {
     }
 }
 
+/// Under load a stream's text comes in fewer, longer chunks: with 50 texts decoding (49 open
+/// streams and its own), a request's chunks of text are 100 ms apart or more, its first and its
+/// last aside, where alone they may come every 20 ms (`engine::choice::gap`).
+#[test]
+fn under_load_a_streams_chunks_are_spread_by_all_the_texts_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path());
+    let max = LONG.to_string();
+    let server = Server::start(dir.path(), &["--runs", "runs", "--max-tokens", &max]);
+    let _open: Vec<_> = (0..49).map(|_| busy_stream(&server)).collect();
+    let request = json!({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 5000, "stream": true});
+    let since = Instant::now();
+    let (status, _, stream) = server.post_raw("/v1/completions", &request.to_string(), None);
+    let wall = since.elapsed();
+    assert_eq!(status, 200, "{stream}");
+    let (texts, _) = streamed(&stream, 1);
+    assert_eq!(texts[0].1, "length", "{stream}");
+    let with_text = events(&stream)
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|chunk| {
+            chunk["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count();
+    let most = 2 + (wall.as_millis() / 100) as usize;
+    assert!(
+        (2..=most).contains(&with_text),
+        "{with_text} chunks of text in {wall:?}: at most {most} with 50 texts decoding"
+    );
+}
+
 /// Hugging Face folders under `--runs` are models too: an exported folder itself, and a folder
 /// whose `latest/` is one (as `scripts/continue_in_pytorch.py` writes).
 #[test]

@@ -13,18 +13,22 @@ use super::job::{Event, Finish, TokenLogprob};
 use super::stop::StopMatcher;
 
 /// The least time between two messages of text of a choice, after its first (its end goes at
-/// once), with `rows` rows decoding: 20 ms, and under load long enough that all the streams
-/// together send about [`MESSAGES_PER_S`] messages a second, up to 100 ms. Each message wakes
-/// a client's connection, makes a chunk of its stream and takes a read of the client: with one
-/// every 20 ms, 32 streams took a tenth of two cores, beside the decoding (BENCHMARKS.md
-/// sections 36 and 39). The text still appears 10 times a second or more.
+/// once), with `rows` texts decoding in all: [`LEAST_GAP`], and with more than 10 texts long
+/// enough that all their choices together send about [`MESSAGES_PER_S`] messages a second, up
+/// to [`MOST_GAP`] from 50 texts. Each message wakes a client's connection, makes a chunk of its
+/// stream and takes a read of the client: with one every 20 ms, 32 streams took a tenth of two
+/// cores, beside the decoding (BENCHMARKS.md sections 36 and 39).
 pub(super) fn gap(rows: usize) -> Duration {
-    let spread = Duration::from_secs(1) * rows as u32 / MESSAGES_PER_S;
-    spread.clamp(Duration::from_millis(20), Duration::from_millis(100))
+    let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+    (Duration::from_secs(1) * rows / MESSAGES_PER_S).clamp(LEAST_GAP, MOST_GAP)
 }
 
-/// The messages of text a second that all the streams together send at most, with 10 rows
-/// decoding or more (fewer rows send one every 20 ms each; more than 50, one every 100 ms).
+/// A choice's text goes at most this often, whatever the load ([`gap`]).
+const LEAST_GAP: Duration = Duration::from_millis(20);
+/// Under any load, a choice's text goes at least this often ([`gap`]): 10 times a second.
+const MOST_GAP: Duration = Duration::from_millis(100);
+/// The messages a second that all the choices decoding send at most, from 10 texts to 50
+/// ([`gap`]).
 const MESSAGES_PER_S: u32 = 500;
 
 /// The client went away: its events have nowhere to go.
@@ -80,8 +84,8 @@ impl<'a> Choice<'a> {
 
     /// Sends `text` of choice `index` and the tokens whose text it completes, if there are any,
     /// as of the request's `written` tokens, with the text not sent yet: at once the first time,
-    /// then once `gap` has passed since the last ([`gap`]; else it waits for a later call, which may
-    /// settle no text, or [`Choice::flush`]). With `stopped`, the tokens that begin in the text
+    /// then once `gap` ([`gap`]) has passed since the last, else it waits for a later call
+    /// (which may settle no text) or [`Choice::flush`]. With `stopped`, the tokens that begin in the text
     /// sent go, and the others (the stop string's) are dropped.
     fn send_text(
         &mut self,
@@ -166,9 +170,10 @@ impl<'a> Choice<'a> {
             ));
         }
         let (text, stopped) = self.held.push(&piece);
+        // At a stop string, what settled goes at once, before the finish reason.
+        let gap = if stopped { Duration::ZERO } else { gap };
         self.send_text(text, written, stopped, gap, events)?;
         if stopped {
-            self.flush(written, events)?;
             self.finished = true;
             let (index, reason) = (self.index, Finish::Stop);
             Self::send(events, Event::Finished { index, reason })?;
@@ -290,15 +295,11 @@ mod tests {
 
     #[test]
     fn the_gap_spreads_500_messages_a_second_over_the_rows_between_20_and_100_ms() {
-        let ms = |rows| gap(rows).as_secs_f64() * 1e3;
-        for (rows, expected) in [(1, 20.0), (10, 20.0), (16, 32.0), (32, 64.0), (50, 100.0)] {
-            assert!(
-                (ms(rows) - expected).abs() < 1e-6,
-                "{rows} rows: {} ms",
-                ms(rows)
-            );
+        let ms = Duration::from_millis;
+        for (rows, expected) in [(1, 20), (10, 20), (16, 32), (32, 64), (50, 100), (64, 100)] {
+            assert_eq!(gap(rows), ms(expected), "{rows} rows");
         }
-        assert_eq!(ms(64), 100.0);
+        assert_eq!(gap(usize::MAX), MOST_GAP);
     }
 
     #[test]

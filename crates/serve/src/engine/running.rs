@@ -160,7 +160,7 @@ impl<'t> Running<'t> {
     /// and sends what it makes of the choices' text, each at most as often as `decoding` rows
     /// in all allow ([`gap`]). Returns the tokens, row by row.
     pub(super) fn pick(&mut self, logits: &[f32], decoding: usize) -> Vec<u32> {
-        let gap = gap(decoding);
+        let least = gap(decoding);
         let per_prompt = logits.len() / self.prompts.len();
         let v = logits.len() / self.row_count();
         let vocab = self.tokenizer.vocab_size().min(v);
@@ -178,7 +178,7 @@ impl<'t> Running<'t> {
                         .logprobs
                         .map(|top| shown(self.tokenizer, &token_probs(&row[..vocab], token, top)));
                     self.gone |= choice
-                        .push(token, logprob, written, gap, &self.events)
+                        .push(token, logprob, written, least, &self.events)
                         .is_err();
                 }
             }
