@@ -332,7 +332,9 @@ def interleaved(args):
 
 
 def generate_rate(args, samples):
-    """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS` (its own report)."""
+    """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS` (its own report: the
+    decoding's speed after its first step, which holds the prompt's pass and the process's first
+    use of its threads and memory; the server's bursts run in a warm process)."""
     out = subprocess.run(
         [args.generate, "--checkpoint", args.checkpoint, "--num-samples", str(samples),
          "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1",

@@ -167,7 +167,15 @@ fn several_samples_are_separated_and_the_summary_goes_to_stderr() {
         assert!(s.starts_with('A') && s.chars().count() == 41, "{s:?}");
     }
     let stderr = String::from_utf8(output.stderr).unwrap();
-    assert!(stderr.contains("characters/s"), "{stderr}");
+    // The first token's time apart (the prompt's pass), then the decoding's speed.
+    let report = stderr.lines().last().unwrap_or_default();
+    assert!(
+        report.starts_with("generated 120 characters in ")
+            && report.contains("(the first after ")
+            && report.contains(" ms, then ")
+            && report.ends_with(" characters/s)"),
+        "{stderr}"
+    );
 }
 
 #[test]
