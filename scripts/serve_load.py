@@ -332,16 +332,18 @@ def interleaved(args):
 
 
 def generate_rate(args, samples):
-    """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS` (its own report: the
-    decoding's speed after its first step, which holds the prompt's pass and the process's first
-    use of its threads and memory; the server's bursts run in a warm process)."""
+    """Tokens/s of `generate --num-samples SAMPLES --max-new-tokens TOKENS`: its own report of
+    its speed after the first token (whose time it reports apart)."""
     out = subprocess.run(
         [args.generate, "--checkpoint", args.checkpoint, "--num-samples", str(samples),
          "--max-new-tokens", str(args.tokens), "--temperature", "0.8", "--seed", "1",
          "--prompt", PROMPT],
         capture_output=True, text=True, check=True)
     # generate reports its own sampling speed on stderr.
-    return float(re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr).group(1))
+    speed = re.search(r"([\d.]+) (?:tokens|characters)/s", out.stderr)
+    if not speed:
+        sys.exit(f"generate reported no speed (--tokens must be 2 or more): {out.stderr}")
+    return float(speed.group(1))
 
 
 def ceiling(args):

@@ -20,7 +20,8 @@ use clap::Parser;
 
 /// Sample text from a trained cinder checkpoint.
 ///
-/// Streams each sample to stdout as it is generated; a summary with the speed goes to stderr.
+/// Writes the samples to stdout, the first token by token on a terminal (line by line into a
+/// pipe or a file); a summary goes to stderr: the time to the first token, then the speed.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
@@ -162,10 +163,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut stream = TextStream::new(&tokenizer);
     let model = model.with_ops(args.run_on.ops.into());
     let mut probs: Vec<TokenProbs> = Vec::new();
-    // When the first token came: the first step holds the prompt's pass, and the process's first
-    // use of its threads and memory (about 2.5 ms for the default model), so the speed reported
-    // is the decoding's after it, and the first token's time is reported apart (as llama.cpp
-    // reports a prompt's evaluation apart from the generation).
+    // When the first token came. The first step also makes the cache, runs the prompt's pass
+    // and is the process's first use of its threads and memory, so its time is reported apart,
+    // as a time to first token, and the speed is that of the steps after it (BENCHMARKS.md
+    // section 39).
     let mut first: Option<Instant> = None;
     let samples = generate(&model, &prompt, &opts, &backend.device, |token: Token| {
         first.get_or_insert_with(Instant::now);
