@@ -499,10 +499,11 @@ mod pools {
 
     /// `f` of each item, results in order, on this thread (its one-thread pool outside a
     /// sampling loop) and [`OTHERS`], up to one thread per item: each thread takes the next
-    /// item not yet taken as it finishes one, so that a thread the machine delays takes fewer. Each item runs whole on one thread, where its passes run at
-    /// once as in a sampling loop: which thread takes it never changes its result. No item's
-    /// work is shared between threads, so no thread waits for another until all are done.
-    /// Loops on different threads share those pools: their items may wait for each other.
+    /// item not yet taken as it finishes one, so that a thread the machine delays takes fewer.
+    /// Each item runs whole on one thread, where its passes run at once as in a sampling loop:
+    /// which thread takes it never changes its result. No item's work is shared between
+    /// threads, so no thread waits for another until all are done. Loops on different threads
+    /// share those pools: their items may wait for each other.
     pub fn apart<T: Send, R: Send>(items: &mut [T], f: impl Fn(&mut T) -> R + Sync) -> Vec<R> {
         let others = OTHERS.get_or_init(|| {
             (1..wide().current_num_threads().min(super::PARTS))

@@ -308,8 +308,9 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
         })
         .collect();
     // Sixty-four texts in four parts of 16, more parts than threads on up to 3 cores (each
-    // thread takes the next part as it finishes one); nine in parts of 8 and 1 (a part of one text: gemm
-    // takes another path for one row, at this width, which adds to a bias otherwise); forty in
+    // thread takes the next part as it finishes one); nine in parts of 8 and 1 (a part of one
+    // text: gemm takes another path for one row, at this width, which adds to a bias
+    // otherwise); forty in
     // one part. Each against the text alone (the head's product took a row among 24 or more
     // texts in other last bits than alone, at this vocabulary, until the cache kept a copy of
     // the head laid out for it: BENCHMARKS.md section 37). The model has biases, drawn: they

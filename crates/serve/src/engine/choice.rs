@@ -85,8 +85,8 @@ impl<'a> Choice<'a> {
     /// Sends `text` of choice `index` and the tokens whose text it completes, if there are any,
     /// as of the request's `written` tokens, with the text not sent yet: at once the first time,
     /// then once `gap` ([`gap`]) has passed since the last, else it waits for a later call
-    /// (which may settle no text) or [`Choice::flush`]. With `stopped`, the tokens that begin in the text
-    /// sent go, and the others (the stop string's) are dropped.
+    /// (which may settle no text) or [`Choice::flush`]. With `stopped`, the tokens that begin
+    /// in the text sent go, and the others (the stop string's) are dropped.
     fn send_text(
         &mut self,
         text: String,
