@@ -93,6 +93,13 @@ const PARALLEL_WORK: usize = 96 * 96 * 96;
 /// packing of the other operand to be paid over many rows.
 const SHARE: usize = 512;
 
+/// Rows up to which a product sums each row as that row alone is summed, whatever its inner
+/// dimension (tested). A product of more rows is cut into blocks of rows, each summed over the
+/// whole inner dimension by gemm, where fewer rows are summed in partial products once the
+/// inner dimension is longer than [`SHARE`]: a pass that must give each text the bits it gets
+/// alone runs at most this many rows at once (`cinder_model::Gpt::forward_cached`).
+pub const ROWS_ALIKE: usize = SHARE;
+
 /// Rows from which a product that no dimension cuts into shares is cut into two halves of rows
 /// when it runs in a pool of several threads (a batched decoding step: 32 texts by the model's
 /// width), so that it runs on two of them. Each row's values are computed as in the whole
@@ -111,11 +118,27 @@ fn shares(len: usize) -> usize {
     }
 }
 
+/// Blocks of the inner dimension a product with few rows sums apart ([`matmul`]): [`shares`],
+/// except for a row-major `a` (activations, not a gradient's transposed operand), which is cut
+/// into a power of two of blocks of at most [`SHARE`] (up to 16 of them). gemm sums such a block in one pass for
+/// any number of rows, and its vector path for one row sums it in the same order; it sums a
+/// longer inner dimension in passes for several rows but not for one.
+fn inner_blocks(a: Mat) -> usize {
+    let k = a.cols;
+    if a.col_stride == 1 && k > SHARE && k <= 16 * SHARE {
+        k.div_ceil(SHARE).next_power_of_two() // spread evenly over 2, 4, 8... threads
+    } else {
+        shares(k)
+    }
+}
+
 /// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
 ///
 /// A large product is cut into shares, each computed on one thread by gemm: blocks of rows of
 /// `out` when it has many rows; otherwise, when the inner dimension is long (a weight's gradient
-/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order; otherwise
+/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order, even
+/// when the product is small (up to [`ROWS_ALIKE`] rows, a row's bits then do not depend on
+/// how many rows there are); otherwise
 /// blocks of columns of `out`; otherwise, with at least [`HALVED_ROWS`] rows and several
 /// threads, two blocks of rows, which give the same bits as one. The other shares depend only on
 /// the shapes, so the result does not depend on the number of threads.
@@ -158,14 +181,18 @@ pub fn product(a: Mat, b: Mat) -> Vec<f32> {
 unsafe fn matmul_raw(out: *mut f32, a: Mat, b: Mat, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
-    let (row_shares, inner_shares, col_shares) = (shares(m), shares(k), shares(n));
+    let (row_shares, inner_shares, col_shares) = (shares(m), inner_blocks(a), shares(n));
     let uncut = row_shares < 2 && inner_shares < 2 && col_shares < 2;
     let row_shares = if uncut && m >= HALVED_ROWS && rayon::current_num_threads() > 1 {
         2
     } else {
         row_shares
     };
-    if m * n * k < PARALLEL_WORK || (uncut && row_shares < 2) {
+    // A long inner dimension is summed in partial products however small the product, so that
+    // a row's sum does not depend on how many rows share it (one text decoded alone or beside
+    // others: the test below).
+    let by_inner = row_shares < 2 && inner_shares >= 2;
+    if (m * n * k < PARALLEL_WORK && !by_inner) || (uncut && row_shares < 2) {
         // SAFETY: the whole output, as this function's caller promises.
         unsafe { strided_matmul(out, (n as isize, 1), a, b, accumulate) };
     } else if row_shares >= 2 {
@@ -267,8 +294,7 @@ pub unsafe fn matmul_into_strided(
 /// product among threads). gemm adds a product of one row into `out` term by term (its
 /// vector-times-matrix path), and of several rows whole, so one row's product is made first and
 /// added whole: the bits of the same row among others, where gemm sums the whole inner
-/// dimension at once (wider products are summed in parts, in orders that may depend on the
-/// rows: BENCHMARKS.md section 36).
+/// dimension in one pass (up to [`SHARE`]; [`inner_blocks`]; BENCHMARKS.md sections 36 and 41).
 ///
 /// # Safety
 /// `out` must be valid for writes at every `i * out_rs + j * out_cs` for `i < a.rows`,
@@ -337,41 +363,52 @@ mod tests {
     #[test]
     fn a_row_of_a_product_does_not_depend_on_the_rows_beside_it() {
         // A linear layer's output starts as its bias and the product is added (`accumulate`):
-        // one row alone (gemm's vector path) and among others must give the same bits.
-        let (k, n) = (128, 384);
-        let w: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
-            .collect();
-        let x: Vec<f32> = (0..17 * k)
-            .map(|i| (i * 104_729 % 997) as f32 / 997.0 - 0.5)
-            .collect();
-        let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
-        let start = |m: usize, accumulate: bool| match accumulate {
-            true => bias.repeat(m),
-            false => vec![0.0; m * n],
-        };
-        for accumulate in [false, true] {
-            let mut one = start(1, accumulate);
-            matmul(
-                &mut one,
-                Mat::new(&x[..k], 1, k),
-                Mat::new(&w, k, n),
-                accumulate,
-            );
-            for m in [2, 9, 17] {
-                let mut many = start(m, accumulate);
+        // one row alone (gemm's vector path) and among others must give the same bits, on one
+        // thread and on two, up to ROWS_ALIKE rows (a batched decoding step; a prompt's pass). With an
+        // inner dimension over 512 (the MLP's output layer from a width of 160, GPT-2's layers)
+        // the product is summed in partial products, whether it is small (one row) or not.
+        let two = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (k, n) in [(128, 384), (640, 160), (768, 768), (1536, 384), (3072, 96)] {
+            let w: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
+                .collect();
+            let x: Vec<f32> = (0..ROWS_ALIKE * k)
+                .map(|i| (i * 104_729 % 997) as f32 / 997.0 - 0.5)
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
+            let start = |m: usize, accumulate: bool| match accumulate {
+                true => bias.repeat(m),
+                false => vec![0.0; m * n],
+            };
+            let run = |m: usize, accumulate: bool| {
+                let mut out = start(m, accumulate);
                 matmul(
-                    &mut many,
+                    &mut out,
                     Mat::new(&x[..m * k], m, k),
                     Mat::new(&w, k, n),
                     accumulate,
                 );
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&one),
-                    bits(&many[..n]),
-                    "accumulate {accumulate}, {m} rows"
-                );
+                out
+            };
+            for accumulate in [false, true] {
+                let one = run(1, accumulate);
+                for m in [2, 3, 9, 17, 64, 200, ROWS_ALIKE] {
+                    for threads in [1, 2] {
+                        let many = match threads {
+                            1 => run(m, accumulate),
+                            _ => two.install(|| run(m, accumulate)),
+                        };
+                        assert_eq!(
+                            bits(&one),
+                            bits(&many[..n]),
+                            "{k}x{n}, accumulate {accumulate}, {m} rows, {threads} threads"
+                        );
+                    }
+                }
             }
         }
     }

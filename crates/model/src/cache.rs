@@ -17,10 +17,10 @@ pub(crate) type LayerKv = (Tensor<3>, Tensor<3>);
 /// runs each part's texts on one thread, from the embedding to the logits, the threads taking
 /// the parts in turn ([`crate::Gpt::forward_cached`]), instead of sharing every layer's work
 /// between the threads (BENCHMARKS.md sections 36 and 37). A text's logits are those it gets
-/// alone (the cache keeps the head's weight laid out for its product, which then sums every
-/// row alike), up to their last bits at a layer wider than 512, whose product is summed in
-/// parts when many rows share it. A cache has one part unless [`crate::Gpt::new_cache`] gives
-/// it more.
+/// alone, bit for bit on the fused layers: the cache keeps the head's weight laid out for its
+/// product, which then sums every row alike, and a pass runs no more rows at once than a
+/// product sums alike (`cinder_kernels::matmul::ROWS_ALIKE`; BENCHMARKS.md section 41). A
+/// cache has one part unless [`crate::Gpt::new_cache`] gives it more.
 ///
 /// A part's buffers are made with the cache, for its places and `block_size` positions each
 /// (the model's context: allocated once, for `serve`'s `--max-batch` texts, not when load

@@ -5,6 +5,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm};
 use burn::prelude::*;
 
+use cinder_kernels::matmul::ROWS_ALIKE;
+
 use crate::attention::Keep;
 use crate::block::Block;
 use crate::cache::{KvCache, PartPass};
@@ -134,6 +136,17 @@ impl Gpt {
         if b == 0 {
             return Tensor::zeros([0, self.vocab_size()], &idx.device());
         }
+        // More rows than a product sums alike (texts' prompts, or that many texts decoding) run
+        // in groups of texts that are not, so that each text gets the bits it gets alone.
+        if b > 1 && b * t_new > ROWS_ALIKE {
+            let texts = (ROWS_ALIKE / t_new).max(1);
+            let logits = (0..b).step_by(texts).map(|from| {
+                let to = (from + texts).min(b);
+                let rows = idx.clone().slice([from..to, 0..t_new]);
+                self.forward_cached(rows, cache, &places[from..to])
+            });
+            return Tensor::cat(logits.collect(), 0);
+        }
         let head = cache.head();
         assert_eq!(
             head.dims(),
@@ -217,8 +230,7 @@ impl Gpt {
     }
 
     /// [`Gpt::new_cache`] with its places in `parts` parts (at least one; [`KvCache`]), given
-    /// where `new_cache` chooses them from the model. The logits are the same, up to their last
-    /// bits at layers wider than 512 ([`KvCache`]).
+    /// where `new_cache` chooses them from the model. The logits are the same ([`KvCache`]).
     pub fn new_cache_in_parts(&self, places: usize, parts: usize) -> KvCache {
         let shape = [self.n_layer(), self.block_size(), self.kv_width()];
         let w = self.head_weight();

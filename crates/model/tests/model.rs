@@ -369,6 +369,59 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
 }
 
 #[test]
+fn a_wide_models_texts_get_the_logits_they_get_alone() {
+    // A width of 384: the MLP's output layer sums an inner dimension of 1,536, which products
+    // take in partial products (longer than 512). Nine texts' prompts of 60 tokens in one pass
+    // (540 rows: more than a product sums alike, so the pass runs them in groups), then one
+    // token at a time, every other pass reversed; each text against itself alone, whose passes
+    // have one row. Fused, bit for bit.
+    let device = device();
+    let mut config = modern(&device).0.with_n_embd(384).with_n_head(6);
+    config.block_size = 64;
+    let model = seeded(&device, 50, || config.init(&device).unwrap());
+    let texts: Vec<Vec<i64>> = (0..9)
+        .map(|r| {
+            (0..63)
+                .map(|t| ((r * 7 + t * 5 + r * t) % 11) as i64)
+                .collect()
+        })
+        .collect();
+    for ops in [Ops::Fused, Ops::Composite] {
+        let model = model.clone().with_ops(ops);
+        let mut together = model.new_cache_in_parts(9, 1);
+        let places: Vec<usize> = (0..9).map(|_| together.claim()).collect();
+        let mut alone: Vec<_> = (0..9)
+            .map(|_| {
+                let mut cache = model.new_cache_in_parts(1, 1);
+                assert_eq!(cache.claim(), 0);
+                cache
+            })
+            .collect();
+        let mut diffs = Vec::new();
+        for (from, to) in [(0, 60), (60, 61), (61, 62), (62, 63)] {
+            let mut rows: Vec<usize> = (0..9).collect();
+            if from % 2 == 1 {
+                rows.reverse();
+            }
+            let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
+            let at: Vec<usize> = rows.iter().map(|&r| places[r]).collect();
+            let a = model.forward_cached(ids(&tokens, &device), &mut together, &at);
+            let b: Vec<Vec<f32>> = (rows.iter())
+                .map(|&r| {
+                    let idx = ids(&[&texts[r][from..to]], &device);
+                    to_vec(model.forward_cached(idx, &mut alone[r], &[0]))
+                })
+                .collect();
+            diffs.push(max_diff(&to_vec(a), &b.concat()));
+        }
+        let most = diffs.iter().copied().fold(0.0f32, f32::max);
+        let tolerance = if ops == Ops::Fused { 0.0 } else { 1e-5 };
+        assert!(most <= tolerance, "{ops:?}: differences {diffs:?}");
+        assert!(places.iter().all(|&p| together.len(p) == Some(63)));
+    }
+}
+
+#[test]
 fn a_small_models_cache_has_parts_of_16_whatever_the_cores_and_a_large_ones_one() {
     let device = device();
     let small = modern(&device).1;
