@@ -93,11 +93,12 @@ const PARALLEL_WORK: usize = 96 * 96 * 96;
 /// packing of the other operand to be paid over many rows.
 const SHARE: usize = 512;
 
-/// Rows up to which a product sums each row as that row alone is summed, whatever its inner
-/// dimension (tested). A product of more rows is cut into blocks of rows, each summed over the
-/// whole inner dimension by gemm, where fewer rows are summed in partial products once the
-/// inner dimension is longer than [`SHARE`]: a pass that must give each text the bits it gets
-/// alone runs at most this many rows at once (`cinder_model::Gpt::forward_cached`).
+/// Rows up to which a product sums each row as that row alone is summed, for a second operand
+/// laid out by rows (a layer's weight) and an inner dimension of up to `MOST_SHARES * ONE_PASS`
+/// (tested to 3,072). A product of more rows is cut into blocks of rows, each summed over the
+/// whole inner dimension by gemm, where fewer rows are summed in blocks of it
+/// ([`inner_blocks`]): a pass that must give each text the bits it gets alone runs at most this
+/// many rows at once (`cinder_model::Gpt`).
 pub const ROWS_ALIKE: usize = SHARE;
 
 /// Rows from which a product that no dimension cuts into shares is cut into two halves of rows
@@ -107,26 +108,35 @@ pub const ROWS_ALIKE: usize = SHARE;
 /// (BENCHMARKS.md, section 33).
 const HALVED_ROWS: usize = 16;
 
+/// The most shares a dimension is cut into.
+const MOST_SHARES: usize = 16;
+
+/// The longest inner dimension gemm (gemm-common 0.19) sums in one pass whatever the rows: its
+/// block of the inner dimension (`kc`) is `k.min(512)` for small products and at least 512
+/// otherwise (more on some caches). Its vector path for one row sums in the same order as such a
+/// pass, so up to this length a row gets the same bits alone as among others (tested).
+const ONE_PASS: usize = 512;
+
 /// Shares of a dimension of `len`: a power of two (so that they spread evenly over 2, 4, 8...
-/// threads), about `len / SHARE`, and at most 16.
+/// threads), about `len / SHARE`, and at most [`MOST_SHARES`].
 fn shares(len: usize) -> usize {
     let ideal = len.div_ceil(SHARE);
     if ideal < 2 {
         1
     } else {
-        (1usize << ideal.ilog2()).clamp(2, 16)
+        (1usize << ideal.ilog2()).clamp(2, MOST_SHARES)
     }
 }
 
-/// Blocks of the inner dimension a product with few rows sums apart ([`matmul`]): [`shares`],
-/// except for a row-major `a` (activations, not a gradient's transposed operand), which is cut
-/// into a power of two of blocks of at most [`SHARE`] (up to 16 of them). gemm sums such a block in one pass for
-/// any number of rows, and its vector path for one row sums it in the same order; it sums a
-/// longer inner dimension in passes for several rows but not for one.
+/// Blocks of the inner dimension that a product of at most [`ROWS_ALIKE`] rows sums apart
+/// ([`matmul`]): for an `a` laid out by rows (activations, as in every decoding pass), a power of
+/// two of blocks of at most [`ONE_PASS`], so that a row's sum does not depend on how many rows
+/// there are (where the second operand is laid out by rows; BENCHMARKS.md section 41); for a
+/// transposed `a` (a weight's gradient, `xᵀ dy`, summed over the batch), [`shares`].
 fn inner_blocks(a: Mat) -> usize {
     let k = a.cols;
-    if a.col_stride == 1 && k > SHARE && k <= 16 * SHARE {
-        k.div_ceil(SHARE).next_power_of_two() // spread evenly over 2, 4, 8... threads
+    if a.col_stride == 1 && k > ONE_PASS && k <= MOST_SHARES * ONE_PASS {
+        k.div_ceil(ONE_PASS).next_power_of_two() // spread evenly over 2, 4, 8... threads
     } else {
         shares(k)
     }
@@ -135,10 +145,8 @@ fn inner_blocks(a: Mat) -> usize {
 /// `out = a · b`, or `out += a · b` when `accumulate`; `out` is `a.rows x b.cols`, row-major.
 ///
 /// A large product is cut into shares, each computed on one thread by gemm: blocks of rows of
-/// `out` when it has many rows; otherwise, when the inner dimension is long (a weight's gradient
-/// `xᵀ dy`, summed over the batch), partial products over blocks of it, added in order, even
-/// when the product is small (up to [`ROWS_ALIKE`] rows, a row's bits then do not depend on
-/// how many rows there are); otherwise
+/// `out` when it has many rows; otherwise, when the inner dimension is long, partial products
+/// over blocks of it ([`inner_blocks`]), added in order, however small the product; otherwise
 /// blocks of columns of `out`; otherwise, with at least [`HALVED_ROWS`] rows and several
 /// threads, two blocks of rows, which give the same bits as one. The other shares depend only on
 /// the shapes, so the result does not depend on the number of threads.
@@ -290,11 +298,11 @@ pub unsafe fn matmul_into_strided(
     unsafe { strided_matmul(out, stride, a, b, accumulate) };
 }
 
-/// `out = a · b` (or `+=`) on this thread, by gemm (a one-row `+=` may share the columns of its
-/// product among threads). gemm adds a product of one row into `out` term by term (its
+/// `out = a · b` (or `+=`) on this thread, by gemm (a one-row `+=` may share its product's
+/// blocks among threads). gemm adds a product of one row into `out` term by term (its
 /// vector-times-matrix path), and of several rows whole, so one row's product is made first and
-/// added whole: the bits of the same row among others, where gemm sums the whole inner
-/// dimension in one pass (up to [`SHARE`]; [`inner_blocks`]; BENCHMARKS.md sections 36 and 41).
+/// added whole: the bits of the same row among others, where gemm sums the inner dimension in
+/// one pass (up to [`ONE_PASS`]; [`inner_blocks`]; BENCHMARKS.md sections 36 and 41).
 ///
 /// # Safety
 /// `out` must be valid for writes at every `i * out_rs + j * out_cs` for `i < a.rows`,
@@ -363,16 +371,27 @@ mod tests {
     #[test]
     fn a_row_of_a_product_does_not_depend_on_the_rows_beside_it() {
         // A linear layer's output starts as its bias and the product is added (`accumulate`):
-        // one row alone (gemm's vector path) and among others must give the same bits, on one
-        // thread and on two, up to ROWS_ALIKE rows (a batched decoding step; a prompt's pass). With an
-        // inner dimension over 512 (the MLP's output layer from a width of 160, GPT-2's layers)
-        // the product is summed in partial products, whether it is small (one row) or not.
+        // each row alone (gemm's vector path) and among others must give the same bits, on one
+        // thread and on two, up to ROWS_ALIKE rows (a batched decoding step; a prompt's pass).
+        // An inner dimension over 512 (the MLP's output layer from a width of 160, GPT-2's
+        // layers) is summed in blocks, however small the product; 1,024 and 2,048 make blocks
+        // of exactly 512. (Where gemm would sum longer blocks in one pass, on some caches, the
+        // order the blocks guard against may not arise: BENCHMARKS.md section 41.)
         let two = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
             .unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (k, n) in [(128, 384), (640, 160), (768, 768), (1536, 384), (3072, 96)] {
+        let shapes = [
+            (128, 384),
+            (640, 160),
+            (768, 768),
+            (1024, 256),
+            (1536, 384),
+            (2048, 64),
+            (3072, 96),
+        ];
+        for (k, n) in shapes {
             let w: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
                 .collect();
@@ -380,31 +399,29 @@ mod tests {
                 .map(|i| (i * 104_729 % 997) as f32 / 997.0 - 0.5)
                 .collect();
             let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
-            let start = |m: usize, accumulate: bool| match accumulate {
-                true => bias.repeat(m),
-                false => vec![0.0; m * n],
-            };
-            let run = |m: usize, accumulate: bool| {
-                let mut out = start(m, accumulate);
-                matmul(
-                    &mut out,
-                    Mat::new(&x[..m * k], m, k),
-                    Mat::new(&w, k, n),
-                    accumulate,
-                );
+            let run = |rows: std::ops::Range<usize>, accumulate: bool| {
+                let m = rows.len();
+                let mut out = match accumulate {
+                    true => bias.repeat(m),
+                    false => vec![0.0; m * n],
+                };
+                let a = Mat::new(&x[rows.start * k..rows.end * k], m, k);
+                matmul(&mut out, a, Mat::new(&w, k, n), accumulate);
                 out
             };
             for accumulate in [false, true] {
-                let one = run(1, accumulate);
+                let alone: Vec<f32> = (0..ROWS_ALIKE)
+                    .flat_map(|r| run(r..r + 1, accumulate))
+                    .collect();
                 for m in [2, 3, 9, 17, 64, 200, ROWS_ALIKE] {
                     for threads in [1, 2] {
                         let many = match threads {
-                            1 => run(m, accumulate),
-                            _ => two.install(|| run(m, accumulate)),
+                            1 => run(0..m, accumulate),
+                            _ => two.install(|| run(0..m, accumulate)),
                         };
                         assert_eq!(
-                            bits(&one),
-                            bits(&many[..n]),
+                            bits(&alone[..m * n]),
+                            bits(&many),
                             "{k}x{n}, accumulate {accumulate}, {m} rows, {threads} threads"
                         );
                     }

@@ -1,6 +1,8 @@
 //! The whole model: embeddings, blocks, final norm, and the head (tied to the token embedding,
 //! or a matrix of its own).
 
+use std::ops::Range;
+
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm};
 use burn::prelude::*;
@@ -77,6 +79,11 @@ impl Gpt {
     /// - idx: `[B, T]` token ids, `T <= block_size`
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
+        let [b, t] = idx.dims();
+        if let Some(groups) = alike_groups(b, t) {
+            let logits = groups.map(|rows| self.forward(idx.clone().slice([rows, 0..t])));
+            return Tensor::cat(logits.collect(), 0);
+        }
         let pass = self.pass(&idx.device(), None);
         in_pool(pass, || {
             self.logits(idx, pass, &mut Keep::Nothing, self.own_head())
@@ -136,17 +143,6 @@ impl Gpt {
         if b == 0 {
             return Tensor::zeros([0, self.vocab_size()], &idx.device());
         }
-        // More rows than a product sums alike (texts' prompts, or that many texts decoding) run
-        // in groups of texts that are not, so that each text gets the bits it gets alone.
-        if b > 1 && b * t_new > ROWS_ALIKE {
-            let texts = (ROWS_ALIKE / t_new).max(1);
-            let logits = (0..b).step_by(texts).map(|from| {
-                let to = (from + texts).min(b);
-                let rows = idx.clone().slice([from..to, 0..t_new]);
-                self.forward_cached(rows, cache, &places[from..to])
-            });
-            return Tensor::cat(logits.collect(), 0);
-        }
         let head = cache.head();
         assert_eq!(
             head.dims(),
@@ -162,6 +158,14 @@ impl Gpt {
             "the cache holds at most block_size positions (past them, rotary positions slide one \
              token at a time)"
         );
+        if let Some(groups) = alike_groups(b, t_new) {
+            drop(parts); // checked above for every row, before any group extends the cache
+            let logits = groups.map(|rows| {
+                let idx = idx.clone().slice([rows.clone(), 0..t_new]);
+                self.forward_cached(idx, cache, &places[rows])
+            });
+            return Tensor::cat(logits.collect(), 0);
+        }
         let pass = self.pass(&idx.device(), None);
         if let [part] = &mut parts[..] {
             return self.part_pass(idx, part, pass, head); // its rows are all the pass's, in order
@@ -403,6 +407,19 @@ fn drawn(model: Gpt) -> Gpt {
 /// 6-layer one (10.7 M), or up to 24 texts' tokens of the default model (BENCHMARKS.md,
 /// sections 10 and 33).
 const SMALL_PASS: usize = 20_000_000;
+
+/// Groups of the rows of a pass over `b` texts of `t` tokens each, where their `b * t` rows are
+/// more than a product sums alike (`ROWS_ALIKE`; texts' prompts, or that many texts decoding):
+/// groups of whole texts, one text where `t` alone is more, so that each text gets the bits it
+/// gets alone (BENCHMARKS.md section 41). None where the pass is within it.
+fn alike_groups(b: usize, t: usize) -> Option<impl Iterator<Item = Range<usize>>> {
+    (b > 1 && b * t > ROWS_ALIKE).then(|| {
+        let texts = (ROWS_ALIKE / t).max(1);
+        (0..b)
+            .step_by(texts)
+            .map(move |from| from..(from + texts).min(b))
+    })
+}
 
 /// Texts the first part of a cache takes before the others take any ([`KvCache::claim`]): a
 /// part's pass reads the weights once for its texts, which fewer would not repay

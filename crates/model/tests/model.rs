@@ -374,7 +374,7 @@ fn a_wide_models_texts_get_the_logits_they_get_alone() {
     // take in partial products (longer than 512). Nine texts' prompts of 60 tokens in one pass
     // (540 rows: more than a product sums alike, so the pass runs them in groups), then one
     // token at a time, every other pass reversed; each text against itself alone, whose passes
-    // have one row. Fused, bit for bit.
+    // have one row; and the same prompts without a cache. Fused, bit for bit.
     let device = device();
     let mut config = modern(&device).0.with_n_embd(384).with_n_head(6);
     config.block_size = 64;
@@ -414,6 +414,13 @@ fn a_wide_models_texts_get_the_logits_they_get_alone() {
                 .collect();
             diffs.push(max_diff(&to_vec(a), &b.concat()));
         }
+        // Without a cache: the nine texts' first 60 tokens in one pass, against each alone.
+        let prompts: Vec<&[i64]> = texts.iter().map(|t| &t[..60]).collect();
+        let all = to_vec(model.forward(ids(&prompts, &device)));
+        let each: Vec<Vec<f32>> = (prompts.iter())
+            .map(|p| to_vec(model.forward(ids(&[p], &device))))
+            .collect();
+        diffs.push(max_diff(&all, &each.concat()));
         let most = diffs.iter().copied().fold(0.0f32, f32::max);
         let tolerance = if ops == Ops::Fused { 0.0 } else { 1e-5 };
         assert!(most <= tolerance, "{ops:?}: differences {diffs:?}");
