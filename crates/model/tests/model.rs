@@ -5,7 +5,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use cinder_model::ops::fused;
-use cinder_model::{Activation, CausalSelfAttention, Gpt, GptConfig, Norm, Ops, Position};
+use cinder_model::{Activation, CausalSelfAttention, Gpt, GptConfig, KvCache, Norm, Ops, Position};
 use cinder_testing::max_diff;
 
 fn device() -> Device {
@@ -272,6 +272,45 @@ fn cached_logits_equal_full_forward() {
     }
 }
 
+/// The largest difference, pass by pass, between the logits of `texts` fed together into
+/// `cache` (text `r` in place `places[r]`), the tokens `from..to` of each of `steps` at a time,
+/// the rows of every other pass reversed, and the logits of each text fed alone into a cache
+/// of its own.
+fn together_against_alone(
+    model: &Gpt,
+    texts: &[Vec<i64>],
+    cache: &mut KvCache,
+    places: &[usize],
+    steps: &[(usize, usize)],
+) -> Vec<f32> {
+    let device = device();
+    let mut alone: Vec<KvCache> = (0..texts.len())
+        .map(|_| {
+            let mut cache = model.new_cache_in_parts(1, 1);
+            assert_eq!(cache.claim(), 0);
+            cache
+        })
+        .collect();
+    let mut diffs = Vec::new();
+    for &(from, to) in steps {
+        let mut rows: Vec<usize> = (0..texts.len()).collect();
+        if from % 2 == 1 {
+            rows.reverse();
+        }
+        let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
+        let at: Vec<usize> = rows.iter().map(|&r| places[r]).collect();
+        let together = model.forward_cached(ids(&tokens, &device), cache, &at);
+        let each: Vec<Vec<f32>> = (rows.iter())
+            .map(|&r| {
+                let idx = ids(&[&texts[r][from..to]], &device);
+                to_vec(model.forward_cached(idx, &mut alone[r], &[0]))
+            })
+            .collect();
+        diffs.push(max_diff(&to_vec(together), &each.concat()));
+    }
+    diffs
+}
+
 #[test]
 fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
     let device = device();
@@ -331,32 +370,10 @@ fn texts_in_several_parts_of_a_cache_get_the_logits_they_get_alone() {
         let model = model.clone().with_ops(ops);
         let mut parted = model.new_cache_in_parts(64, parts);
         let parted_places: Vec<usize> = (0..n).map(|_| parted.claim()).collect();
-        // Each text alone, in a cache of its own.
-        let mut alone: Vec<_> = (0..n)
-            .map(|_| {
-                let mut cache = model.new_cache_in_parts(1, 1);
-                assert_eq!(cache.claim(), 0);
-                cache
-            })
-            .collect();
-        // A prompt of 3 tokens, then one token at a time, the rows of every other pass reversed.
-        let mut diffs = Vec::new();
-        for (from, to) in [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)] {
-            let mut rows: Vec<usize> = (0..n).collect();
-            if from % 2 == 1 {
-                rows.reverse();
-            }
-            let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
-            let places: Vec<usize> = rows.iter().map(|&r| parted_places[r]).collect();
-            let a = model.forward_cached(ids(&tokens, &device), &mut parted, &places);
-            let b: Vec<Vec<f32>> = (rows.iter())
-                .map(|&r| {
-                    let idx = ids(&[&texts[r][from..to]], &device);
-                    to_vec(model.forward_cached(idx, &mut alone[r], &[0]))
-                })
-                .collect();
-            diffs.push(max_diff(&to_vec(a), &b.concat()));
-        }
+        // A prompt of 3 tokens, then one token at a time.
+        let steps = [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)];
+        let diffs =
+            together_against_alone(&model, &texts[..n], &mut parted, &parted_places, &steps);
         // The fused layers give each text the same values whatever texts run beside it.
         let most = diffs.iter().copied().fold(0.0f32, f32::max);
         let tolerance = if ops == Ops::Fused { 0.0 } else { 1e-5 };
@@ -390,30 +407,8 @@ fn a_wide_models_texts_get_the_logits_they_get_alone() {
         let model = model.clone().with_ops(ops);
         let mut together = model.new_cache_in_parts(9, 1);
         let places: Vec<usize> = (0..9).map(|_| together.claim()).collect();
-        let mut alone: Vec<_> = (0..9)
-            .map(|_| {
-                let mut cache = model.new_cache_in_parts(1, 1);
-                assert_eq!(cache.claim(), 0);
-                cache
-            })
-            .collect();
-        let mut diffs = Vec::new();
-        for (from, to) in [(0, 60), (60, 61), (61, 62), (62, 63)] {
-            let mut rows: Vec<usize> = (0..9).collect();
-            if from % 2 == 1 {
-                rows.reverse();
-            }
-            let tokens: Vec<&[i64]> = rows.iter().map(|&r| &texts[r][from..to]).collect();
-            let at: Vec<usize> = rows.iter().map(|&r| places[r]).collect();
-            let a = model.forward_cached(ids(&tokens, &device), &mut together, &at);
-            let b: Vec<Vec<f32>> = (rows.iter())
-                .map(|&r| {
-                    let idx = ids(&[&texts[r][from..to]], &device);
-                    to_vec(model.forward_cached(idx, &mut alone[r], &[0]))
-                })
-                .collect();
-            diffs.push(max_diff(&to_vec(a), &b.concat()));
-        }
+        let steps = [(0, 60), (60, 61), (61, 62), (62, 63)];
+        let mut diffs = together_against_alone(&model, &texts, &mut together, &places, &steps);
         // Without a cache: the nine texts' first 60 tokens in one pass, against each alone.
         let prompts: Vec<&[i64]> = texts.iter().map(|t| &t[..60]).collect();
         let all = to_vec(model.forward(ids(&prompts, &device)));
