@@ -181,8 +181,10 @@ fn a_measured_run_ends_within_its_budget() {
     let started = Instant::now();
     let out = common::stdout_of(
         train_in(dir.path())
-            // Small steps, so that the smallest shape's 300 fit in 15 s on a slow, busy machine.
-            .args(["--time", "15s", "--batch-size", "4", "--block-size", "32"])
+            // Small steps, so that the smallest shape's 300 fit in 30 s on a slow, busy machine
+            // (beside the other tests, in a fresh clone on a 2-core host, a step of this shape
+            // took 32 ms and a checkpoint 368 ms: 15 s was too small there).
+            .args(["--time", "30s", "--batch-size", "4", "--block-size", "32"])
             .args(["--out", "run"]),
     );
     let wall = started.elapsed().as_secs_f64();
@@ -190,6 +192,6 @@ fn a_measured_run_ends_within_its_budget() {
     assert!(out.contains("chose "), "{out}");
     // Tests run side by side here: a loose bound, which a run that ignored its budget (or
     // planned for steps that do not fit) still fails.
-    assert!(wall < 15.0 * 1.5, "{wall} s: {out}");
+    assert!(wall < 30.0 * 1.5, "{wall} s: {out}");
     assert!(!dir.path().join("run/.measuring").exists());
 }
