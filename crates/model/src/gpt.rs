@@ -80,11 +80,11 @@ impl Gpt {
     /// - output: `[B, T, vocab_size]`
     pub fn forward(&self, idx: Tensor<2, Int>) -> Tensor<3> {
         let [b, t] = idx.dims();
-        if let Some(groups) = alike_groups(b, t) {
+        let pass = self.pass(&idx.device(), None);
+        if let Some(groups) = alike_groups(pass, b, t) {
             let logits = groups.map(|rows| self.forward(idx.clone().slice([rows, 0..t])));
             return Tensor::cat(logits.collect(), 0);
         }
-        let pass = self.pass(&idx.device(), None);
         in_pool(pass, || {
             self.logits(idx, pass, &mut Keep::Nothing, self.own_head())
         })
@@ -158,7 +158,8 @@ impl Gpt {
             "the cache holds at most block_size positions (past them, rotary positions slide one \
              token at a time)"
         );
-        if let Some(groups) = alike_groups(b, t_new) {
+        let pass = self.pass(&idx.device(), None);
+        if let Some(groups) = alike_groups(pass, b, t_new) {
             drop(parts); // checked above for every row, before any group extends the cache
             let logits = groups.map(|rows| {
                 let idx = idx.clone().slice([rows.clone(), 0..t_new]);
@@ -166,7 +167,6 @@ impl Gpt {
             });
             return Tensor::cat(logits.collect(), 0);
         }
-        let pass = self.pass(&idx.device(), None);
         if let [part] = &mut parts[..] {
             return self.part_pass(idx, part, pass, head); // its rows are all the pass's, in order
         }
@@ -408,12 +408,13 @@ fn drawn(model: Gpt) -> Gpt {
 /// sections 10 and 33).
 const SMALL_PASS: usize = 20_000_000;
 
-/// Groups of the rows of a pass over `b` texts of `t` tokens each, where their `b * t` rows are
-/// more than a product sums alike (`ROWS_ALIKE`; texts' prompts, or that many texts decoding):
-/// groups of whole texts, one text where `t` alone is more, so that each text gets the bits it
-/// gets alone (BENCHMARKS.md section 41). None where the pass is within it.
-fn alike_groups(b: usize, t: usize) -> Option<impl Iterator<Item = Range<usize>>> {
-    (b > 1 && b * t > ROWS_ALIKE).then(|| {
+/// Groups of the rows of a fused pass over `b` texts of `t` tokens each, where their `b * t`
+/// rows are more than the fused layers' products sum alike (`ROWS_ALIKE`; texts' prompts, or
+/// that many texts decoding): groups of whole texts, one text where `t` alone is more, so that
+/// each text gets the bits it gets alone (BENCHMARKS.md section 41). None where the pass is
+/// within it, or composite (Burn's own products, which a GPU runs best whole).
+fn alike_groups(pass: Pass, b: usize, t: usize) -> Option<impl Iterator<Item = Range<usize>>> {
+    (pass.fused && b > 1 && b * t > ROWS_ALIKE).then(|| {
         let texts = (ROWS_ALIKE / t).max(1);
         (0..b)
             .step_by(texts)
