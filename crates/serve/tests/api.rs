@@ -184,6 +184,8 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         bad("n", json!(5)), // 5 choices, --max-batch 4
         bad("stop", json!("s".repeat(257))),
         bad("best_of", json!(2)),
+        bad("best_of", json!(0)),
+        bad("best_of", json!(-3)),
         bad("frequency_penalty", json!(2.5)),
         bad("echo", json!("yes")),
         bad("logprobs", json!(6)),
@@ -243,7 +245,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     assert_eq!(whole["usage"]["completion_tokens"], 16); // OpenAI's default max_tokens
     // OpenAI's own fields at their neutral values, and its `user`, are accepted.
     let neutral = json!({"model": "tiny", "prompt": "ROMEO:", "user": "someone", "min_p": 0,
-        "repetition_penalty": 1, "presence_penalty": 0, "logprobs": null, "echo": false});
+        "repetition_penalty": 1, "presence_penalty": 0, "logprobs": null, "echo": false, "best_of": 1});
     let (status, whole) = server.complete(&neutral);
     assert_eq!(status, 200, "{whole}");
     // No prompt, or an empty one, samples from the start (generate's default prompt).
@@ -768,6 +770,46 @@ fn tokenize_then_detokenize_round_trips() {
     refused("/tokenize", json!({"model": "bpe"}), "prompt");
     let (status, _) = post("/tokenize", json!({"model": "nope", "prompt": "a"}));
     assert_eq!(status, 404);
+}
+
+/// A task on a model that is decoding (`/tokenize`, `/detokenize`) is answered between two of
+/// its steps: it neither waits for the texts decoding to end nor keeps a later completion from
+/// joining them. (Were it to wait, it would wait for `--timeout` to end the long stream.)
+#[test]
+fn tokenizing_a_model_that_is_decoding_waits_for_no_text() {
+    let dir = tempfile::tempdir().unwrap();
+    trained_run(dir.path());
+    let max = LONG.to_string();
+    let server = Server::start(
+        dir.path(),
+        &["--runs", "runs", "--max-tokens", &max, "--timeout", "30"],
+    );
+    let open = busy_stream(&server);
+    let since = Instant::now();
+    for (path, body) in [
+        ("/tokenize", json!({"model": "tiny", "prompt": "ROMEO:"})),
+        ("/detokenize", json!({"model": "tiny", "tokens": [1, 2, 3]})),
+    ] {
+        let (status, _, answer) = server.post_raw(path, &body.to_string(), None);
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let short = json!({"model": "tiny", "prompt": "a", "max_tokens": 5});
+    let (status, whole) = server.complete(&short);
+    assert_eq!(status, 200, "{whole}");
+    let waited = since.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered after {waited:?}, with a text decoding"
+    );
+    // The long text still goes on: its next message is more text.
+    let mut open = std::io::BufReader::new(open);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut open, &mut line).unwrap();
+        assert!(read > 0, "the long stream ended");
+    }
+    assert!(line.contains("\"text\""), "{line}");
 }
 
 /// The run's model on the CPU, its composite layers (the reference), and its tokenizer.

@@ -163,8 +163,15 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<Completion, ApiE
     if r.logit_bias.is_some_and(|b| !b.is_empty()) {
         return unsupported("logit_bias", "biasing tokens");
     }
-    if r.best_of.is_some_and(|b| b > 1) {
-        return unsupported("best_of", "best_of above 1");
+    match r.best_of {
+        Some(b) if b > 1 => return unsupported("best_of", "best_of above 1"),
+        Some(b) if b < 1 => {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("best_of is {b}, but it must be at least 1 (and cinder serves only 1)"),
+            ));
+        }
+        _ => {}
     }
     if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return unsupported("suffix", "a suffix (insertion)");

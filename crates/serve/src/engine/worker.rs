@@ -71,18 +71,7 @@ impl Worker {
                 },
             };
             match work {
-                Work::Inspect { model, task, claim } => {
-                    if !claim.take() {
-                        continue; // its client left
-                    }
-                    self.load.start(0);
-                    let run = AssertUnwindSafe(|| match self.models.get(&model) {
-                        Ok(loaded) => task(Ok(&loaded)),
-                        Err(e) => task(Err(e.into())),
-                    });
-                    let _ = std::panic::catch_unwind(run); // the task's reply is dropped
-                    self.load.done(Some(0));
-                }
+                Work::Inspect { model, task, claim } => self.inspect(task, &claim, &model, None),
                 Work::Complete(job, events, claim) => {
                     if !claim.take() {
                         continue; // its client left
@@ -114,8 +103,30 @@ impl Worker {
         }
     }
 
+    /// Runs `task` on model `id` (`loaded`, where a batch has it already), unless its client
+    /// left.
+    fn inspect(&mut self, task: Task, claim: &Claim, id: &str, loaded: Option<Arc<Loaded>>) {
+        if !claim.take() {
+            return; // its client left
+        }
+        self.load.start(0);
+        let run = AssertUnwindSafe(|| {
+            let model = match loaded {
+                Some(model) => Ok(model),
+                None => self.models.get(id).map_err(EngineError::from),
+            };
+            match model {
+                Ok(model) => task(Ok(&model)),
+                Err(e) => task(Err(e)),
+            }
+        });
+        let _ = std::panic::catch_unwind(run); // the task's reply is dropped
+        self.load.done(Some(0));
+    }
+
     /// Decodes `first` and the requests for its model that arrive meanwhile (up to `max_rows`
-    /// rows at once), until none is left. A request for another model, or for a newer
+    /// rows at once), until none is left. A task on its model (`/tokenize`, the page's
+    /// attention maps) runs between two steps. A request for another model, or for a newer
     /// checkpoint of this one, closes the batch to newcomers: it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
@@ -151,6 +162,14 @@ impl Worker {
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
                             (job, events, Some(claim))
+                        }
+                        Ok(Work::Inspect {
+                            model: m,
+                            task,
+                            claim,
+                        }) if m == id && self.models.is_current(&id, &model) => {
+                            self.inspect(task, &claim, &id, Some(model.clone()));
+                            continue;
                         }
                         Ok(other) => {
                             self.waiting.push_back(other);
