@@ -222,14 +222,24 @@ impl<'a> TextStream<'a> {
 
     /// The text that token `id` completes (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
+        self.push_split(id).1
+    }
+
+    /// [`TextStream::push`], with how many of the text's first characters are earlier tokens'
+    /// text: bytes held back before `id` that `id`'s bytes did not complete (a character's
+    /// start followed by no continuation), each shown as U+FFFD. Token `id`'s own text starts
+    /// after them.
+    pub fn push_split(&mut self, id: u32) -> (usize, String) {
+        let mut held = self.pending.len();
         self.pending.extend(self.tokenizer.token_bytes(id));
         let mut out = String::new();
+        let mut earlier = 0;
         loop {
             match std::str::from_utf8(&self.pending) {
                 Ok(text) => {
                     out.push_str(text);
                     self.pending.clear();
-                    return out;
+                    return (earlier, out);
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
@@ -239,12 +249,16 @@ impl<'a> TextStream<'a> {
                         // Bytes that no continuation can make valid.
                         Some(bad) => {
                             out.push(char::REPLACEMENT_CHARACTER);
+                            if valid + bad <= held {
+                                earlier = out.chars().count();
+                            }
+                            held = held.saturating_sub(valid + bad);
                             self.pending.drain(..valid + bad);
                         }
                         // The start of a character whose other bytes may come next.
                         None => {
                             self.pending.drain(..valid);
-                            return out;
+                            return (earlier, out);
                         }
                     }
                 }
@@ -324,9 +338,16 @@ mod tests {
         // A lone continuation byte, then an 'a'.
         assert_eq!(stream.push(byte_id(0x80)), "\u{fffd}");
         assert_eq!(stream.push(byte_id(b'a')), "a");
-        // A character's start, interrupted by an ASCII byte.
-        assert_eq!(stream.push(byte_id(0xE6)), "");
-        assert_eq!(stream.push(byte_id(b'b')), "\u{fffd}b");
+        // A character's start, interrupted by an ASCII byte: the U+FFFD is the start's text.
+        assert_eq!(stream.push_split(byte_id(0xE6)), (0, String::new()));
+        assert_eq!(stream.push_split(byte_id(b'b')), (1, "\u{fffd}b".into()));
+        // Two starts, then one continued: the first start's U+FFFD comes before the second's
+        // token, whose character is whole with the third.
+        assert_eq!(stream.push_split(byte_id(0xD6)), (0, String::new()));
+        assert_eq!(stream.push_split(byte_id(0xC3)), (1, "\u{fffd}".into()));
+        assert_eq!(stream.push_split(byte_id(0xBC)), (0, "ü".into()));
+        // A lone continuation byte of the token's own is its own text.
+        assert_eq!(stream.push_split(byte_id(0x80)), (0, "\u{fffd}".into()));
         // An undecodable tail at the end of the stream.
         assert_eq!(stream.push(byte_id(0xF0)), "");
         assert_eq!(stream.push(byte_id(0x9F)), "");

@@ -298,5 +298,41 @@ fn the_page_shows_runs_curves_and_samples_and_streams_a_completion() {
             .unwrap();
         text_when(&client, "#alts", |t| t.contains("surprise"));
         screenshot(&client, "serve-score.png");
+
+        // A BPE model's text that starts with a character in two byte tokens: the page's bits
+        // per byte are evaluate's, the first token's bytes not counted.
+        let bpe = train(
+            dir.path(),
+            "bpe",
+            &[("tokenizer", "bpe"), ("vocab-size", "300")],
+        );
+        let text = "éclair and the king";
+        let (loaded, device) = common::loaded(&bpe);
+        let ids = loaded.tokenizer.encode(text).unwrap();
+        assert_eq!(loaded.tokenizer.token_bytes(ids[0]), [0xC3], "{ids:?}");
+        let scored = cinder::run::eval::text_loss(&loaded.model, &ids, 1, &device, |_, _| {});
+        let bytes: usize = ids[1..=scored.predicted]
+            .iter()
+            .map(|&id| loaded.tokenizer.token_bytes(id).len())
+            .sum();
+        let want = scored.bits_per_token() * scored.predicted as f64 / bytes as f64;
+        client.goto(&format!("{}/#/play/bpe", server.url)).unwrap();
+        text_when(&client, "#model", |t| t.contains("bpe"));
+        let field = client.find("#score-text").unwrap();
+        field.clear().unwrap();
+        field.send_keys(text).unwrap();
+        client.find("#score").unwrap().click().unwrap();
+        let figures = text_when(&client, "#score-figures", |t| t.contains("bits/byte"));
+        let shown: f64 = figures
+            .split(" bits/byte")
+            .next()
+            .and_then(|f| f.rsplit(", ").next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (shown - want).abs() < 1e-3,
+            "page {shown} bits/byte, evaluate {want}: {figures}"
+        );
     }
 }

@@ -712,8 +712,11 @@ But soft, what light through yonder window breaks?</textarea>
         return;
       }
       const loss = surprise.reduce((a, b) => a + b, 0) / surprise.length;
-      const chars = Array.from(choice.text);
-      const bytes = new TextEncoder().encode(chars.slice(lp.text_offset[1]).join('')).length;
+      // The bytes of the predicted tokens, as evaluate counts them: a token that is part of a
+      // character is shown as `bytes:\xNN...`.
+      const tokenBytes = (t) => (/^bytes:(\\x[0-9a-f]{2})+$/.test(t)
+        ? (t.length - 6) / 4 : new TextEncoder().encode(t).length);
+      const bytes = lp.tokens.slice(1).reduce((sum, t) => sum + tokenBytes(t), 0);
       const bits = loss / Math.LN2;
       const arch = archs[modelSel.value];
       const per = arch && arch.tokenizer === 'char' ? 'char' : 'token';

@@ -157,8 +157,10 @@ impl<'a> Choice<'a> {
         gap: Duration,
         events: &UnboundedSender<Event>,
     ) -> Result<(), Gone> {
-        let piece = self.stream.push(token);
-        let start = self.decoded;
+        // Where a byte held back from an earlier token never became a character, its U+FFFD
+        // is that token's text, before this one's.
+        let (earlier, piece) = self.stream.push_split(token);
+        let start = self.decoded + earlier;
         self.decoded += piece.chars().count();
         if let Some(logprob) = logprob {
             self.waiting.push_back((
@@ -315,6 +317,57 @@ mod tests {
         assert!(
             sent.iter().all(|(text, _)| !text.is_empty()),
             "no tokens without their text: {sent:?}"
+        );
+    }
+
+    #[test]
+    fn a_byte_that_never_decodes_goes_with_its_replacement_character() {
+        // Two starts of characters, neither continued, then an 'a': each start's U+FFFD is its
+        // own text, sent with it, and the next token's text starts after it.
+        let t = bpe();
+        let byte = |b: u8| {
+            (0..t.vocab_size() as u32)
+                .find(|&id| t.token_bytes(id) == [b])
+                .unwrap()
+        };
+        let (tx, mut rx) = unbounded_channel();
+        let mut choice = Choice::new(0, &t, &[], 0);
+        for (i, id) in [byte(b'x'), byte(0xD6), byte(0xCA), byte(b'a')]
+            .into_iter()
+            .enumerate()
+        {
+            let logprob = TokenLogprob {
+                text: token_text(&t, id),
+                logprob: Some(-1.0),
+                top: Vec::new(),
+                offset: 0,
+            };
+            let zero = Duration::ZERO;
+            choice
+                .push(id, Some(logprob), i + 1, zero, &tx)
+                .ok()
+                .unwrap();
+        }
+        choice.finish(0, &tx).ok().unwrap();
+        drop(tx);
+        let mut sent = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            if let Event::Text { text, logprobs, .. } = event {
+                let tokens: Vec<_> = logprobs.into_iter().map(|t| (t.text, t.offset)).collect();
+                sent.push((text, tokens));
+            }
+        }
+        let token = |text: &str, offset: usize| (text.to_string(), offset);
+        assert_eq!(
+            sent,
+            [
+                ("x".into(), vec![token("x", 0)]),
+                ("\u{fffd}".into(), vec![token("bytes:\\xd6", 1)]),
+                (
+                    "\u{fffd}a".into(),
+                    vec![token("bytes:\\xca", 2), token("a", 3)]
+                ),
+            ]
         );
     }
 

@@ -294,8 +294,10 @@ fn scored(model: &Loaded, ids: &[u32], top: usize) -> Vec<TokenLogprob> {
                 &token_probs(&logits[(i - 1) * v..(i - 1) * v + vocab], id, top),
             ),
         };
-        token.offset = offset;
-        offset += stream.push(id).chars().count();
+        // A byte of an earlier token that never became a character: its U+FFFD comes first.
+        let (earlier, text) = stream.push_split(id);
+        token.offset = offset + earlier;
+        offset += text.chars().count();
         tokens.push(token);
     }
     tokens
