@@ -34,6 +34,17 @@ pub enum DataError {
         .0.display()
     )]
     OtherTokenizer(PathBuf),
+    #[error(
+        "{} was prepared with a {has} tokenizer, but the run asks for {asked}: a prepared \
+         dataset brings its own tokenizer, so drop --tokenizer (and `tokenizer` from the \
+         config), or prepare the text again with the one you want",
+        .dir.display()
+    )]
+    PreparedWithOther {
+        dir: PathBuf,
+        has: String,
+        asked: String,
+    },
     #[error("{0}")]
     Tokenizer(String),
 }
@@ -114,6 +125,24 @@ impl TrainingData {
                 && **t != p.tokenizer
             {
                 return Err(DataError::OtherTokenizer(dir.clone()));
+            }
+            // Characters are the default, which a prepared folder's own tokenizer replaces; a
+            // BPE asked for must be the folder's kind.
+            let asked = match choice {
+                TokenizerChoice::New(TokenizerKind::Bpe(_)) => {
+                    Some("a BPE (--tokenizer bpe)".into())
+                }
+                TokenizerChoice::New(TokenizerKind::File(path)) => {
+                    Some(format!("the tokenizer in {}", path.display()))
+                }
+                _ => None,
+            };
+            if let (Some(asked), Tokenizer::Char(_)) = (asked, &p.tokenizer) {
+                return Err(DataError::PreparedWithOther {
+                    dir: dir.clone(),
+                    has: format!("character ({} tokens)", p.tokenizer.vocab_size()),
+                    asked,
+                });
             }
             return Ok(Self::from_prepared(paths.to_vec(), p));
         }

@@ -201,6 +201,33 @@ fn tokenizer_flags_that_cannot_work_are_refused() {
             .arg(&prepared),
         &["already holds a prepared dataset"],
     );
+    // A BPE asked for, on characters prepared: refused, not trained on characters under a
+    // config that says BPE.
+    fails_with(
+        bin("train", dir.path()).arg("--data").arg(&prepared).args([
+            "--tokenizer",
+            "bpe",
+            "--max-iters",
+            "1",
+        ]),
+        &["prepared with a character", "drop --tokenizer"],
+    );
+    // prepare never replaces a file of the names it writes (a nanoGPT data folder's).
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("train.bin"), "mine").unwrap();
+    fails_with(
+        bin("prepare", dir.path())
+            .arg("--data")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(&theirs),
+        &["train.bin exists", "never replaces"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("train.bin")).unwrap(),
+        "mine"
+    );
     let bin_file = prepared.join("val.bin");
     let bytes = std::fs::read(&bin_file).unwrap();
     std::fs::write(&bin_file, &bytes[..bytes.len() - 3]).unwrap();

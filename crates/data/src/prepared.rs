@@ -83,6 +83,12 @@ pub enum PreparedError {
         .0.display()
     )]
     Exists(PathBuf),
+    #[error(
+        "{} exists, and prepare never replaces a file: choose another --out, or move it away \
+         first",
+        .0.display()
+    )]
+    WouldReplace(PathBuf),
     #[error("{} is not a prepared dataset: it has no {META} (make one with `prepare`)", .0.display())]
     NotPrepared(PathBuf),
     #[error("cannot read {}: {source}", path.display())]
@@ -141,6 +147,15 @@ pub fn prepare(
     if out.join(META).exists() {
         return Err(PreparedError::Exists(out.to_path_buf()));
     }
+    // A user's own files of these names (a nanoGPT data folder's train.bin, say) stay as they
+    // are.
+    let record = tokenizer.record();
+    for name in [TRAIN_BIN, VAL_BIN].into_iter().chain(record.file()) {
+        let path = out.join(name);
+        if path.symlink_metadata().is_ok() {
+            return Err(PreparedError::WouldReplace(path));
+        }
+    }
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| PreparedError::Write { path, source }
@@ -197,7 +212,6 @@ pub fn prepare(
         file.sync_all().map_err(write_err(&tmp))?;
         std::fs::rename(&tmp, out.join(name)).map_err(write_err(&tmp))?;
     }
-    let record = tokenizer.record();
     if let (Some(name), Some(json)) = (record.file(), tokenizer.file_json()) {
         std::fs::write(out.join(name), json).map_err(write_err(&out.join(name)))?;
     }
@@ -400,6 +414,21 @@ mod tests {
             prepare(&sources, &tokenizer, 0.9, &out, &mut |_, _| {}),
             Err(PreparedError::Exists(_))
         ));
+        // A folder without meta.json but with a file prepare would write (a nanoGPT data
+        // folder's train.bin): refused, the file as it was.
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join(VAL_BIN), "mine").unwrap();
+        let refused = prepare(&sources, &tokenizer, 0.9, &theirs, &mut |_, _| {});
+        assert!(
+            matches!(&refused, Err(PreparedError::WouldReplace(p)) if p.ends_with(VAL_BIN)),
+            "{refused:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(theirs.join(VAL_BIN)).unwrap(),
+            "mine"
+        );
+        assert!(!theirs.join(TRAIN_BIN).exists());
     }
 
     #[test]
