@@ -18,10 +18,9 @@ fn writes_a_png_and_json_that_round_trips_and_prints_the_focus() {
         .args(["--out", "run"])
         .assert()
         .success();
-    let inspect = |text: &str| {
-        let out = Command::cargo_bin("inspect")
-            .unwrap()
-            .current_dir(dir.path())
+    let run = |text: &str, more: &[&str]| {
+        let mut cmd = Command::cargo_bin("inspect").unwrap();
+        cmd.current_dir(dir.path())
             .args([
                 "--checkpoint",
                 "run",
@@ -32,16 +31,17 @@ fn writes_a_png_and_json_that_round_trips_and_prints_the_focus() {
                 "--text",
                 text,
             ])
-            .assert()
-            .success()
-            .get_output()
-            .clone();
+            .args(more);
+        cmd
+    };
+    let inspect = |text: &str, more: &[&str]| {
+        let out = run(text, more).assert().success().get_output().clone();
         (
             String::from_utf8(out.stdout).unwrap(),
             String::from_utf8(out.stderr).unwrap(),
         )
     };
-    let (stdout, _) = inspect("First Citizen");
+    let (stdout, _) = inspect("First Citizen", &[]);
     // 2 layers x 2 heads, two characters each, for the last position.
     assert!(stdout.starts_with("position 12 (\"n\")"), "{stdout}");
     assert_eq!(
@@ -77,8 +77,15 @@ fn writes_a_png_and_json_that_round_trips_and_prints_the_focus() {
             .all(|f| f.top.len() == 2 && f.top[0].2 >= f.top[1].2)
     );
 
+    // Files already there are replaced only when asked.
+    let refused = run("Citizen", &[]).assert().failure().get_output().clone();
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(stderr.contains("--overwrite"), "{stderr}");
+    let kept = std::fs::read_to_string(dir.path().join("maps/attention.json")).unwrap();
+    assert_eq!(kept, json);
+
     // Longer than the context (16): the last window, said so.
-    let (_, stderr) = inspect("First Citizen: Before we proceed");
+    let (_, stderr) = inspect("First Citizen: Before we proceed", &["--overwrite"]);
     assert!(stderr.contains("inspecting its last 16"), "{stderr}");
     let json = std::fs::read_to_string(dir.path().join("maps/attention.json")).unwrap();
     let maps: AttentionMaps = serde_json::from_str(&json).unwrap();

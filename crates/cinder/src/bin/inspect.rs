@@ -36,6 +36,9 @@ struct Args {
     /// Folder for attention.png and attention.json
     #[arg(long, default_value = ".")]
     out: PathBuf,
+    /// Replace attention.png and attention.json where --out has them already
+    #[arg(long)]
+    overwrite: bool,
     /// Position (from 0) whose attention to print [default: the last token]
     #[arg(long)]
     position: Option<usize>,
@@ -52,6 +55,16 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    let png = args.out.join("attention.png");
+    let json = args.out.join("attention.json");
+    if !args.overwrite
+        && let Some(there) = [&png, &json].into_iter().find(|p| p.exists())
+    {
+        bail!(
+            "{} exists: pass --overwrite to replace it, or choose another --out",
+            there.display()
+        );
+    }
     let backend = Backend::select(args.device)?;
     let checkpoint::Loaded {
         dir,
@@ -95,8 +108,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     let maps = AttentionMaps::compute(&model, &ids, tokens.clone(), &backend.device);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let png = args.out.join("attention.png");
-    let json = args.out.join("attention.json");
     let title = format!("attention of {} (iteration {})", dir.display(), meta.iter);
     maps.draw(&title, &png)?;
     std::fs::write(&json, serde_json::to_vec(&maps)?)
