@@ -26,13 +26,22 @@ pub enum SplitError {
     Fraction(f64),
     #[error(
         "the {split} split has {len} tokens, but one window needs block_size + 1 = {needed}: \
-         use a longer text, lower --block-size below {len}, or change the train fraction"
+         use a longer text{}, or change the train fraction",
+        lower_block_size(*len)
     )]
     TooShort {
         split: &'static str,
         len: usize,
         needed: usize,
     },
+}
+
+/// The advice for a split of `len` tokens: a context that fits it, where one does.
+fn lower_block_size(len: usize) -> String {
+    match len {
+        0 | 1 => String::new(),
+        _ => format!(", lower --block-size to {} or less", len - 1),
+    }
 }
 
 /// The token ids of one part, borrowed: 16-bit (a prepared file of a small vocabulary) or
@@ -186,7 +195,13 @@ mod tests {
                 needed: 11
             }
         );
-        assert!(err.to_string().contains("--block-size"));
+        assert!(
+            err.to_string().contains("lower --block-size to 9 or less"),
+            "{err}"
+        );
+        // A split of one token has no context to lower to.
+        let err = Splits::new((0..20).collect(), 0.95, 3).unwrap_err();
+        assert!(!err.to_string().contains("--block-size"), "{err}");
         assert!(Splits::new((0..100).collect(), 1.0, 4).is_err());
     }
 }

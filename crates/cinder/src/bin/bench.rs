@@ -41,7 +41,8 @@ enum Mode {
         #[arg(long, default_value_t = 5)]
         warmup_steps: usize,
         /// Timed steps
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         steps: usize,
     },
     /// Tokens per second sampling from a freshly initialised model (generate's default

@@ -211,7 +211,9 @@ impl std::str::FromStr for TimeBudget {
             format!("`{s}` is not a duration ({e}): write it as 90s, 10m, 1h or 1h 30m, or off")
         })?;
         if d.is_zero() {
-            return Ok(Self::OFF);
+            return Err(format!(
+                "`{s}` is no time: give a budget such as 90s or 10m, or off"
+            ));
         }
         Ok(Self(Some(d)))
     }

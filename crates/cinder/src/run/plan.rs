@@ -1383,8 +1383,14 @@ mod tests {
             Some(5400.0)
         );
         assert_eq!("off".parse::<TimeBudget>().unwrap(), TimeBudget::OFF);
+        assert_eq!("0".parse::<TimeBudget>().unwrap(), TimeBudget::OFF);
         let e = "ten minutes".parse::<TimeBudget>().unwrap_err();
         assert!(e.contains("10m"), "{e}");
+        // No time is no budget to plan with, not "off" in silence.
+        for zero in ["0s", "0m"] {
+            let e = zero.parse::<TimeBudget>().unwrap_err();
+            assert!(e.contains("no time") && e.contains("off"), "{e}");
+        }
         assert_eq!(group(1234567), "1,234,567");
         // In a config file: a duration, or seconds.
         #[derive(serde::Deserialize)]
