@@ -209,6 +209,18 @@ fn evaluate_per_token_writes_each_surprise_and_their_mean_is_the_loss() {
         &mut evaluate(&["--per-token", "tokens.csv"]),
         &["tokens.csv exists already"],
     );
+    // The 5 characters after the last window are not predicted, and evaluate says so.
+    let told = common::stdout_of(
+        Command::cargo_bin("evaluate")
+            .unwrap()
+            .current_dir(dir.path())
+            .args(["--checkpoint", "run", "--data", "text.txt"]),
+    );
+    assert!(
+        told.contains("64 characters predicted")
+            && told.contains("the last 5 characters, short of a window of 16, not predicted"),
+        "{told}"
+    );
 }
 
 /// The records of a CSV text: fields split at commas outside quotes, quotes doubled inside.

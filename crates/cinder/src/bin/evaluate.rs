@@ -175,8 +175,18 @@ fn run(args: Args) -> anyhow::Result<()> {
         .sum();
     let bits_per_byte = result.bits_per_token() * result.predicted as f64 / bytes.max(1) as f64;
     if !args.quiet {
+        // Windows of the context follow one another; what is left after the last whole one
+        // is not predicted (text_loss), and is said so.
+        let left = match ids.len() - 1 - result.predicted {
+            0 => String::new(),
+            n => format!(
+                "; the last {n} {}, short of a window of {}, not predicted",
+                tokenizer.unit(),
+                model.block_size()
+            ),
+        };
         println!(
-            "{what}: {} {} predicted ({bytes} bytes)",
+            "{what}: {} {} predicted ({bytes} bytes){left}",
             result.predicted,
             tokenizer.unit()
         );
