@@ -215,3 +215,30 @@ fn a_checkpoint_from_before_text_checksums_still_resumes() {
     assert_eq!(meta.format_version, checkpoint::FORMAT_VERSION);
     assert!(meta.data_identity.is_some());
 }
+
+/// A run resumed into another folder carries its settings and its history there: config.toml
+/// (with what the resume changed), and metrics.csv and samples.jsonl from the start.
+#[test]
+fn a_run_resumed_elsewhere_carries_its_config_and_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = trained_run(dir.path());
+    let moved = dir.path().join("moved");
+    train(dir.path())
+        .arg("--resume")
+        .arg(&run)
+        .args(["--max-iters", "4", "--out"])
+        .arg(&moved)
+        .assert()
+        .success();
+    let config = std::fs::read_to_string(moved.join("config.toml")).unwrap();
+    assert!(config.contains("max_iters = 4"), "{config}");
+    let rows = |folder: &Path| cinder::run::metrics::read(&folder.join("metrics.csv")).unwrap();
+    let (before, after) = (rows(&run), rows(&moved));
+    assert_eq!(after.first().map(|r| r.iter), Some(1), "{after:?}");
+    assert_eq!(after.last().map(|r| r.iter), Some(4), "{after:?}");
+    assert_eq!(after[..before.len()], before[..], "the history as it was");
+    let samples = |folder: &Path| std::fs::read_to_string(folder.join("samples.jsonl")).unwrap();
+    assert!(samples(&moved).starts_with(&samples(&run)));
+    // The run it came from is as it was.
+    assert_eq!(rows(&run), before);
+}

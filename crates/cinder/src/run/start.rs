@@ -207,9 +207,7 @@ fn start_new(
         "configuration ({source}{planned}):\n{}",
         indent(&config.to_toml())
     ));
-    let config_path = out.join(names::CONFIG);
-    std::fs::write(&config_path, config.to_toml())
-        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    write_config(&out, &config)?;
     let trainer = match &init {
         Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
         None => Trainer::new(config, backend, data, out)?,
@@ -336,8 +334,29 @@ fn resume(
         say("  this checkpoint predates text checksums: only the vocabulary was checked".into());
     }
     report_data(&data, say);
+    if !same_folder(&out, &run) {
+        // A run continued elsewhere carries its history (the rows past the checkpoint are
+        // dropped as the logs open, as in place).
+        for name in [names::METRICS, names::SAMPLES] {
+            let (from, to) = (run.join(name), out.join(name));
+            if from.exists() {
+                std::fs::copy(&from, &to).with_context(|| {
+                    format!("cannot copy {} to {}", from.display(), to.display())
+                })?;
+            }
+        }
+    }
+    // The settings in effect, with those changed on resume.
+    write_config(&out, &config)?;
     let trainer = Trainer::resume(&dir, &meta, config, backend, data, out)?;
     Ok((trainer.with_ops(req.ops), lock))
+}
+
+/// Writes the run's `config.toml`: the settings it trains with.
+fn write_config(out: &Path, config: &TrainConfig) -> anyhow::Result<()> {
+    let path = out.join(names::CONFIG);
+    std::fs::write(&path, config.to_toml())
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Whether two paths name the same folder (both exist when this is asked).
