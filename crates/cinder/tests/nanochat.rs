@@ -329,7 +329,7 @@ fn without_the_flip_the_logits_differ() {
 }
 
 /// `export` writes the architecture a model fits, and refuses one that fits neither by naming
-/// every field each would need; `--architecture` refuses by the field alone. Nothing is
+/// every field each would need; `--architecture` names every field its architecture needs. Nothing is
 /// written.
 #[test]
 fn export_picks_the_architecture_that_fits_and_names_what_each_needs() {
@@ -357,10 +357,16 @@ fn export_picks_the_architecture_that_fits_and_names_what_each_needs() {
     )
     .unwrap_err()
     .to_string();
-    assert!(
-        err.contains("`position` is learned") && err.contains("NanoChatForCausalLM"),
-        "{err}"
-    );
+    // Every field it would need, not the first alone.
+    for needs in [
+        "NanoChatForCausalLM (nanochat) needs",
+        "position = rope (NanoChat has no position table), not learned",
+        "norm = rmsnorm",
+        "qk_norm = true",
+        "activation = relu2",
+    ] {
+        assert!(err.contains(needs), "{needs:?} in {err}");
+    }
     assert!(!dir.path().join("forced").exists());
 
     // RoPE with LayerNorm: neither.

@@ -47,6 +47,8 @@ pub enum HfError {
          choose one with --architecture to see only its needs"
     )]
     NoArchitecture(String),
+    #[error("this model cannot be written as asked: {0}")]
+    NotThis(String),
 }
 
 /// One of the model's settings that an architecture cannot express: `field` is `value`, and the

@@ -65,16 +65,27 @@ impl Architecture {
         if let Some(&fits) = Self::ALL.iter().find(|a| a.refusals(config).is_empty()) {
             return Ok(fits);
         }
-        let mut why = String::new();
-        for a in Self::ALL {
-            why += &format!("  {} ({}) needs", a.class(), a.name());
-            for (i, r) in a.refusals(config).iter().enumerate() {
-                let sep = if i == 0 { " " } else { "; " };
-                why += &format!("{sep}{} = {}, not {}", r.field, r.allowed, r.value);
-            }
-            why += "\n";
-        }
+        let why: String = Self::ALL
+            .iter()
+            .map(|a| format!("  {}\n", a.needs(config)))
+            .collect();
         Err(HfError::NoArchitecture(why))
+    }
+
+    /// What `config` would need to change to be written as this architecture: "GPT2LMHeadModel
+    /// (gpt2) needs position = learned, not rope; ...", every field it refuses.
+    fn needs(&self, config: &TrainConfig) -> String {
+        let fields: Vec<String> = self
+            .refusals(config)
+            .iter()
+            .map(|r| format!("{} = {}, not {}", r.field, r.allowed, r.value))
+            .collect();
+        format!(
+            "{} ({}) needs {}",
+            self.class(),
+            self.name(),
+            fields.join("; ")
+        )
     }
 }
 
@@ -216,13 +227,8 @@ pub fn export(
 ) -> Result<Architecture, HfError> {
     let architecture = match architecture {
         Some(a) => {
-            if let Some(r) = a.refusals(config).into_iter().next() {
-                return Err(HfError::Unsupported {
-                    path: dir.join(CONFIG),
-                    field: r.field,
-                    value: r.value,
-                    allowed: format!("{} in a {} folder", r.allowed, a.class()),
-                });
+            if !a.refusals(config).is_empty() {
+                return Err(HfError::NotThis(a.needs(config)));
             }
             a
         }
