@@ -10,6 +10,7 @@
 //! - [`storage`]: file names, checkpoints, Hugging Face folders;
 //! - [`sampling`]: generating text;
 //! - [`inspect`]: attention maps;
+//! - [`memory`]: whether this machine can hold a run at all;
 //! - [`faults`]: test-only hooks (a stall, a full disk, injected speeds), compiled in only with
 //!   the `fault-injection` feature.
 //!
@@ -21,6 +22,7 @@ pub mod data;
 pub mod device;
 pub mod faults;
 pub mod inspect;
+pub mod memory;
 pub mod run;
 pub mod sampling;
 pub mod storage;

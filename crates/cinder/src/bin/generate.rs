@@ -122,6 +122,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
+    if backend.is_cpu() && !args.no_cache {
+        cinder::memory::check(
+            format!("a key/value cache for {} samples", args.num_samples),
+            model.cache_bytes(1) as f64 * args.num_samples as f64,
+            "lower --num-samples",
+        )?;
+    }
+
     let prompt_text = match &args.prompt_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read prompt file {}", path.display()))?,

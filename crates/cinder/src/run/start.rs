@@ -142,6 +142,9 @@ fn start_new(
         None => None,
     };
     config.validate()?;
+    if backend.is_cpu() {
+        crate::memory::check_training(&config)?;
+    }
 
     let lock = RunLock::acquire(&out)?;
     // Refuse an old run (or move it aside) before the data is read: a BPE run prepares its
@@ -259,6 +262,9 @@ fn resume(
     let mut config = meta.config.clone();
     let changes = apply_on_resume(&req.overrides, &mut config).map_err(anyhow::Error::msg)?;
     config.validate()?;
+    if backend.is_cpu() {
+        crate::memory::check_training(&config)?;
+    }
     say(format!(
         "resuming {} at iteration {} of {} (written by cinder {} on {})",
         dir.display(),
