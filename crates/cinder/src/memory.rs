@@ -64,15 +64,15 @@ pub fn check(what: String, needs: f64, advice: &'static str) -> Result<(), TooLa
     }
 }
 
-/// [`check`] of a training step of `config`.
-pub fn check_training(config: &TrainConfig) -> Result<(), TooLarge> {
+/// [`check`] of a training step of `config`, with `advice` on what to do.
+pub fn check_training(config: &TrainConfig, advice: &'static str) -> Result<(), TooLarge> {
     check(
         format!(
             "a training step of batch_size {} x block_size {} ({} layers, {} wide, {} heads)",
             config.batch_size, config.block_size, config.n_layer, config.n_embd, config.n_head
         ),
         training_bytes(config),
-        "lower --batch-size or --block-size",
+        advice,
     )
 }
 
@@ -93,13 +93,15 @@ mod tests {
         // Per layer and window: 3 positions x 4 floats, and 1 + 2 + 3 attention weights.
         assert_eq!(training_bytes(&config), 4.0 * 5.0 * 2.0 * (12.0 + 6.0));
         // The default run fits any machine that runs the tests; a batch of 10^11 none.
-        assert!(check_training(&TrainConfig::default_run()).is_ok());
+        assert!(check_training(&TrainConfig::default_run(), "lower --batch-size").is_ok());
         let huge = TrainConfig {
             batch_size: 100_000_000_000,
             ..TrainConfig::default_run()
         };
         if available().is_some() {
-            let e = check_training(&huge).unwrap_err().to_string();
+            let e = check_training(&huge, "lower --batch-size")
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("lower --batch-size") && e.contains("available"),
                 "{e}"

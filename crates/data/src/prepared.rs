@@ -134,6 +134,22 @@ pub fn token_bytes(vocab_size: usize) -> u8 {
     if vocab_size <= 1 << 16 { 2 } else { 4 }
 }
 
+/// Refuses `out` where it holds a prepared dataset, or a file [`prepare`] would write (the token
+/// files, and the tokenizer's file `tokenizer_file`): a user's own files of these names (a
+/// nanoGPT data folder's train.bin, say) stay as they are.
+pub fn check_new(out: &Path, tokenizer_file: Option<&str>) -> Result<(), PreparedError> {
+    if out.join(META).exists() {
+        return Err(PreparedError::Exists(out.to_path_buf()));
+    }
+    for name in [TRAIN_BIN, VAL_BIN].into_iter().chain(tokenizer_file) {
+        let path = out.join(name);
+        if path.symlink_metadata().is_ok() {
+            return Err(PreparedError::WouldReplace(path));
+        }
+    }
+    Ok(())
+}
+
 /// Encodes `sources` with `tokenizer` into the folder `out` (created; refused if it holds a
 /// prepared dataset), cutting the normalised text after `train_fraction` of its characters.
 /// `progress(done, total)` is called with characters as they are encoded.
@@ -144,18 +160,8 @@ pub fn prepare(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PreparedMeta, PreparedError> {
-    if out.join(META).exists() {
-        return Err(PreparedError::Exists(out.to_path_buf()));
-    }
-    // A user's own files of these names (a nanoGPT data folder's train.bin, say) stay as they
-    // are.
     let record = tokenizer.record();
-    for name in [TRAIN_BIN, VAL_BIN].into_iter().chain(record.file()) {
-        let path = out.join(name);
-        if path.symlink_metadata().is_ok() {
-            return Err(PreparedError::WouldReplace(path));
-        }
-    }
+    check_new(out, record.file())?;
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| PreparedError::Write { path, source }

@@ -810,6 +810,42 @@ fn tokenizing_a_model_that_is_decoding_waits_for_no_text() {
         assert!(read > 0, "the long stream ended");
     }
     assert!(line.contains("\"text\""), "{line}");
+    drop((open, server));
+
+    // Nor does it wait behind a completion waiting for rows: two of them, where one of the
+    // two is taken.
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--runs",
+            "runs",
+            "--max-tokens",
+            &max,
+            "--timeout",
+            "30",
+            "--max-batch",
+            "2",
+        ],
+    );
+    let _open = busy_stream(&server);
+    let url = server.url.clone();
+    std::thread::spawn(move || {
+        let two = json!({"model": "tiny", "prompt": "a", "max_tokens": 5, "n": 2});
+        let _ = Server::agent()
+            .post(format!("{url}/v1/completions"))
+            .header("Content-Type", "application/json")
+            .send(two.to_string());
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let since = Instant::now();
+    let body = json!({"model": "tiny", "prompt": "ROMEO:"});
+    let (status, _, answer) = server.post_raw("/tokenize", &body.to_string(), None);
+    assert_eq!(status, 200, "{answer}");
+    let waited = since.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered after {waited:?}, behind a completion waiting for rows"
+    );
 }
 
 /// The run's model on the CPU, its composite layers (the reference), and its tokenizer.

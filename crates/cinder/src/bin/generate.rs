@@ -126,7 +126,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         cinder::memory::check(
             format!("a key/value cache for {} samples", args.num_samples),
             model.cache_bytes(1) as f64 * args.num_samples as f64,
-            "lower --num-samples",
+            "lower --num-samples, or pass --no-cache",
         )?;
     }
 

@@ -53,6 +53,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     config.validate()?;
     let started = Instant::now();
+    // Before a BPE is trained (minutes, on a large text): a folder prepare cannot write into.
+    prepared::check_new(&args.out, None)?;
     let sources = Sources::open(&args.data)?;
     let show = !args.quiet && std::io::stderr().is_terminal();
     let bar = |what: &str| {

@@ -142,8 +142,9 @@ fn start_new(
         None => None,
     };
     config.validate()?;
-    if backend.is_cpu() {
-        crate::memory::check_training(&config)?;
+    // (A time budget's plan measures the shapes it may choose, from small ones up.)
+    if backend.is_cpu() && config.time_budget.seconds().is_none() {
+        crate::memory::check_training(&config, "lower --batch-size or --block-size")?;
     }
 
     let lock = RunLock::acquire(&out)?;
@@ -263,7 +264,8 @@ fn resume(
     let changes = apply_on_resume(&req.overrides, &mut config).map_err(anyhow::Error::msg)?;
     config.validate()?;
     if backend.is_cpu() {
-        crate::memory::check_training(&config)?;
+        let advice = "resume it where more memory is free (a run keeps its batch and context)";
+        crate::memory::check_training(&config, advice)?;
     }
     say(format!(
         "resuming {} at iteration {} of {} (written by cinder {} on {})",
@@ -340,9 +342,12 @@ fn resume(
         say("  this checkpoint predates text checksums: only the vocabulary was checked".into());
     }
     report_data(&data, say);
+    let settings = config.clone();
+    let trainer = Trainer::resume(&dir, &meta, config, backend, data, out.clone())?;
+    // Once the checkpoint has loaded (a folder that fails to resume into stays empty): a run
+    // continued elsewhere carries its history (the rows past the checkpoint are dropped as the
+    // logs open, as in place), and its settings in effect, with those changed on resume.
     if !same_folder(&out, &run) {
-        // A run continued elsewhere carries its history (the rows past the checkpoint are
-        // dropped as the logs open, as in place).
         for name in [names::METRICS, names::SAMPLES] {
             let (from, to) = (run.join(name), out.join(name));
             if from.exists() {
@@ -352,16 +357,17 @@ fn resume(
             }
         }
     }
-    // The settings in effect, with those changed on resume.
-    write_config(&out, &config)?;
-    let trainer = Trainer::resume(&dir, &meta, config, backend, data, out)?;
+    write_config(&out, &settings)?;
     Ok((trainer.with_ops(req.ops), lock))
 }
 
-/// Writes the run's `config.toml`: the settings it trains with.
+/// Writes the run's `config.toml`, the settings it trains with, atomically (`serve` reads it
+/// while the run trains).
 fn write_config(out: &Path, config: &TrainConfig) -> anyhow::Result<()> {
     let path = out.join(names::CONFIG);
-    std::fs::write(&path, config.to_toml())
+    let tmp = names::tmp(&path);
+    std::fs::write(&tmp, config.to_toml())
+        .and_then(|()| std::fs::rename(&tmp, &path))
         .with_context(|| format!("cannot write {}", path.display()))
 }
 

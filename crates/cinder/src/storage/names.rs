@@ -17,7 +17,7 @@ pub const BEST: &str = "best";
 pub const READ: [&str; 2] = [BEST, LATEST];
 /// One row per logged step (`crate::run::metrics`).
 pub const METRICS: &str = "metrics.csv";
-/// The run's resolved configuration, written when it starts.
+/// The run's resolved configuration, written when it starts and when it resumes.
 pub const CONFIG: &str = "config.toml";
 /// A short text sampled at each evaluation, a JSON object a line (`crate::storage::samples`).
 pub const SAMPLES: &str = "samples.jsonl";

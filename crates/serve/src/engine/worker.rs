@@ -126,8 +126,9 @@ impl Worker {
 
     /// Decodes `first` and the requests for its model that arrive meanwhile (up to `max_rows`
     /// rows at once), until none is left. A task on its model (`/tokenize`, the page's
-    /// attention maps) runs between two steps. A request for another model, or for a newer
-    /// checkpoint of this one, closes the batch to newcomers: it is served next.
+    /// attention maps) runs between two steps, even while a newcomer waits for rows. A request
+    /// for another model, or for a newer checkpoint of this one, closes the batch to newcomers:
+    /// it is served next.
     fn batch(&mut self, model: Arc<Loaded>, first: Job, events: UnboundedSender<Event>) {
         let id = first.model.clone();
         // The model's cache, made once for the most rows decoded together and kept from batch
@@ -151,32 +152,40 @@ impl Worker {
         // for room.
         let mut next = Some((first, events, None));
         let mut closed = false;
+        // Taken from the inbox and not yet served, in the order it came.
+        let mut arrived: VecDeque<Work> = VecDeque::new();
         loop {
+            // A task on this model (`/tokenize`, the page's attention maps) runs now, between
+            // two steps, whether newcomers may join or not; the rest waits its turn.
+            while let Ok(work) = self.inbox.try_recv() {
+                match work {
+                    Work::Inspect {
+                        model: m,
+                        task,
+                        claim,
+                    } if m == id && self.models.is_current(&id, &model) => {
+                        self.inspect(task, &claim, &id, Some(model.clone()));
+                    }
+                    other => arrived.push_back(other),
+                }
+            }
             // Newcomers join at a token boundary, while their rows fit.
             loop {
                 let (job, events, claim) = match next.take() {
                     Some(taken) => taken,
                     None if closed => break,
-                    None => match self.inbox.try_recv() {
-                        Ok(Work::Complete(job, events, claim))
+                    None => match arrived.pop_front() {
+                        Some(Work::Complete(job, events, claim))
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
                             (job, events, Some(claim))
                         }
-                        Ok(Work::Inspect {
-                            model: m,
-                            task,
-                            claim,
-                        }) if m == id && self.models.is_current(&id, &model) => {
-                            self.inspect(task, &claim, &id, Some(model.clone()));
-                            continue;
-                        }
-                        Ok(other) => {
+                        Some(other) => {
                             self.waiting.push_back(other);
                             closed = true;
                             break;
                         }
-                        Err(_) => break,
+                        None => break,
                     },
                 };
                 let rows: usize = running.iter().map(Running::row_count).sum();
@@ -205,6 +214,7 @@ impl Worker {
             }
             if running.is_empty() {
                 *model.cache.lock().expect("only the worker takes it") = decoder.into_cache();
+                self.waiting.extend(arrived); // after what closed the batch, as they came
                 return;
             }
             let logits = decoder.next_logits();
