@@ -194,6 +194,41 @@ fn generation_is_the_same_with_and_without_the_cache() {
     assert_eq!(text(&[]), text(&["--no-cache"]));
 }
 
+/// An interrupt before training begins (here while `--time` measures the machine) ends the
+/// program at once and says so, rather than killing it without a word.
+#[test]
+fn an_interrupt_before_training_stops_at_once_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let bin = assert_cmd::cargo::cargo_bin("train");
+    let mut child = std::process::Command::new(bin)
+        .current_dir(dir.path())
+        .arg("--data")
+        .arg(corpus_in(dir.path()))
+        .args(["--time", "1h", "--out"])
+        .arg(&run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !run.join(".measuring").exists() {
+        assert!(child.try_wait().unwrap().is_none(), "train exited early");
+        assert!(started.elapsed().as_secs() < 120, "it never measured");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("before training began"), "{stderr}");
+    assert!(!run.join("latest").exists());
+}
+
 #[test]
 fn sigterm_saves_latest_at_the_reported_iteration() {
     let dir = tempfile::tempdir().unwrap();

@@ -124,6 +124,24 @@ fn run(args: Args, started: std::time::Instant) -> anyhow::Result<()> {
         ops: args.run_on.ops.into(),
         started,
     };
+    // Ctrl-C (or SIGTERM) from here on: before training begins (reading the text, training a
+    // BPE, measuring for --time) it ends the program at once, saying so; once it has begun, the
+    // first finishes the step and saves latest/, and a second ends the program at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let training = Arc::new(AtomicBool::new(false));
+    let (flag, begun) = (stop.clone(), training.clone());
+    ctrlc::set_handler(move || {
+        if !begun.load(Ordering::SeqCst) {
+            eprintln!("\ninterrupt before training began: stopped, nothing trained or saved");
+            std::process::exit(130);
+        }
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond interrupt: exiting now (the last checkpoint is intact)");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing this step and saving latest/ (Ctrl-C again to quit now)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
     // The lock is held until the process ends.
     let (mut trainer, _lock) = start::open(&request, backend, &say)?;
     say(format!("layers: {}", ops_description(trainer.ops())));
@@ -142,17 +160,6 @@ fn run(args: Args, started: std::time::Instant) -> anyhow::Result<()> {
         trainer.tokenizer().unit(),
         trainer.out_dir().display()
     ));
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("\nsecond interrupt: exiting now (the last checkpoint is intact)");
-            std::process::exit(130);
-        }
-        eprintln!("\ninterrupt: finishing this step and saving latest/ (Ctrl-C again to quit now)");
-    })
-    .context("cannot install the Ctrl-C handler")?;
 
     let c = trainer.config();
     let out = trainer.out_dir().to_path_buf();
@@ -174,6 +181,7 @@ fn run(args: Args, started: std::time::Instant) -> anyhow::Result<()> {
     let samples = SampleLog::open(&out, trainer.iter())?;
     let mut observer = (console, (metrics, (plot, samples)));
     let start_iter = trainer.iter();
+    training.store(true, Ordering::SeqCst);
     let outcome = trainer.run(&mut observer, &stop);
     let (console, (metrics, (plot, samples))) = observer;
     console.finish();
