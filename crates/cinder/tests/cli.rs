@@ -212,7 +212,7 @@ fn an_interrupt_before_training_stops_at_once_and_says_so() {
         .spawn()
         .unwrap();
     let started = std::time::Instant::now();
-    while !run.join(".measuring").exists() {
+    while !run.join(cinder::storage::names::MEASURING).exists() {
         assert!(child.try_wait().unwrap().is_none(), "train exited early");
         assert!(started.elapsed().as_secs() < 120, "it never measured");
         std::thread::sleep(std::time::Duration::from_millis(20));

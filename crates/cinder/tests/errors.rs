@@ -31,9 +31,19 @@ fn write(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
 fn data_path_missing_folder_or_unreadable() {
     let dir = tempfile::tempdir().unwrap();
     fails_with(
-        train(dir.path()).args(["--data", "nope.txt"]),
+        train(dir.path()).args(["--data", "nope.txt", "--out", "fresh"]),
         &["nope.txt", "does not exist"],
     );
+    // The run folder this start made goes with it; one that was there stays, with its files.
+    assert!(!dir.path().join("fresh").exists());
+    std::fs::create_dir(dir.path().join("mine")).unwrap();
+    write(dir.path(), "mine/notes.txt", "keep");
+    fails_with(
+        train(dir.path()).args(["--data", "nope.txt", "--out", "mine"]),
+        &["nope.txt", "does not exist"],
+    );
+    let notes = std::fs::read_to_string(dir.path().join("mine/notes.txt")).unwrap();
+    assert_eq!(notes, "keep");
     // A folder is a set of documents: one without .txt files is refused.
     fails_with(
         train(dir.path()).arg("--data").arg(dir.path()),

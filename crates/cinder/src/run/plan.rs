@@ -904,7 +904,7 @@ pub fn fit(
             .map_or(started.elapsed().as_secs_f64(), |t| t.spent)
     };
     let left = || budget - spent() - reserve;
-    let scratch = out.join(".measuring");
+    let scratch = out.join(crate::storage::names::MEASURING);
     let candidates: Vec<Candidate> = match &injected {
         Some(t) => shapes
             .iter()

@@ -27,6 +27,8 @@ pub const PLOT: &str = "loss.png";
 pub const LOCK: &str = "train.lock";
 /// The folder where a run prepares its token files when it needs them.
 pub const PREPARED: &str = "data";
+/// The scratch folder where `--time` measures shapes, removed when it is done.
+pub const MEASURING: &str = ".measuring";
 
 /// A checkpoint's metadata: configuration, vocabulary, iteration, file sums.
 pub const META: &str = "meta.json";

@@ -55,6 +55,8 @@ pub enum RunFolderError {
 pub struct RunLock {
     dir: PathBuf,
     _file: File,
+    /// Whether [`RunLock::acquire`] made the folder.
+    created: bool,
 }
 
 impl RunLock {
@@ -65,6 +67,7 @@ impl RunLock {
             dir: dir.to_path_buf(),
             source,
         };
+        let created = !dir.exists();
         std::fs::create_dir_all(dir).map_err(unwritable)?;
         // Opened without truncating: the holder's process id stays readable until we hold it.
         let mut file = OpenOptions::new()
@@ -96,7 +99,20 @@ impl RunLock {
         Ok(Self {
             dir: dir.to_path_buf(),
             _file: file,
+            created,
         })
+    }
+
+    /// A run that failed to start (its text missing, say): the folder goes, where this lock
+    /// made it and it holds nothing but the lock and the start's own scratch (`.measuring/`,
+    /// an empty `data/`). A folder that was there before stays as it is, its lock released.
+    pub fn give_up(self) {
+        if self.created {
+            let _ = std::fs::remove_file(self.dir.join(LOCK));
+            let _ = std::fs::remove_dir_all(self.dir.join(names::MEASURING));
+            let _ = std::fs::remove_dir(self.dir.join(names::PREPARED));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
     }
 
     /// The folder locked.
