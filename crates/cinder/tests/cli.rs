@@ -200,28 +200,9 @@ fn generation_is_the_same_with_and_without_the_cache() {
 fn an_interrupt_before_training_stops_at_once_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let bin = assert_cmd::cargo::cargo_bin("train");
-    let mut child = std::process::Command::new(bin)
-        .current_dir(dir.path())
-        .arg("--data")
-        .arg(corpus_in(dir.path()))
-        .args(["--time", "1h", "--out"])
-        .arg(&run)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while !run.join(cinder::storage::names::MEASURING).exists() {
-        assert!(child.try_wait().unwrap().is_none(), "train exited early");
-        assert!(started.elapsed().as_secs() < 120, "it never measured");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    let mut child = spawn_train(dir.path(), &["--time", "1h"], &run);
+    let measuring = run.join(cinder::storage::names::MEASURING);
+    common::signal_once_there(&mut child, &measuring, "-INT");
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(output.status.code(), Some(130), "{stderr}");
@@ -229,25 +210,28 @@ fn an_interrupt_before_training_stops_at_once_and_says_so() {
     assert!(!run.join("latest").exists());
 }
 
+/// `train` on the test corpus in `dir` with `flags`, into `run`, its output piped.
+fn spawn_train(dir: &Path, flags: &[&str], run: &Path) -> std::process::Child {
+    std::process::Command::new(assert_cmd::cargo::cargo_bin("train"))
+        .current_dir(dir)
+        .arg("--data")
+        .arg(corpus_in(dir))
+        .args(flags)
+        .arg("--out")
+        .arg(run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn sigterm_saves_latest_at_the_reported_iteration() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let bin = assert_cmd::cargo::cargo_bin("train");
-    let mut child = std::process::Command::new(bin)
-        .current_dir(dir.path())
-        .arg("--data")
-        .arg(corpus_in(dir.path()))
-        .args(tiny_flags_with(&[
-            ("--max-iters", "1000000"),
-            ("--log-interval", "1000"),
-        ]))
-        .arg("--out")
-        .arg(&run)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let flags = tiny_flags_with(&[("--max-iters", "1000000"), ("--log-interval", "1000")]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut child = spawn_train(dir.path(), &flags, &run);
     // Once it has trained a few iterations and written a first latest/.
     common::terminate_once_saved(&mut child, &run);
     let output = child.wait_with_output().unwrap();

@@ -147,86 +147,79 @@ fn start_new(
         crate::memory::check_training(&config, "lower --batch-size or --block-size")?;
     }
 
-    let lock = RunLock::acquire(&out)?;
-    // What fails from here (the text, the plan) leaves no folder behind that this start made.
-    let made = (|| -> anyhow::Result<Trainer> {
-        // Refuse an old run (or move it aside) before the data is read: a BPE run prepares its
-        // token files in the run folder.
-        if let Some(aside) = lock.clear_for_new_run(req.overwrite)? {
-            say(format!(
-                "moved the old run in {} aside into {}",
-                out.display(),
-                aside.display()
-            ));
-        }
-        let mut progress = progress_lines(say);
-        let data = match &init {
-            Some((dir, meta)) => {
-                let tokenizer = checkpoint::load_tokenizer(dir, meta)?;
-                TrainingData::open(
-                    &data_paths,
-                    &TokenizerChoice::Keep(Box::new(tokenizer.clone())),
-                    &config,
-                    Some(&out),
-                    &mut progress,
-                )
-                .with_context(|| {
-                    format!(
-                        "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's \
-                         tokenizer ({}, {} tokens); remove what it cannot encode from the text, or \
-                         train a new model on it without --init-from",
-                        dir.display(),
-                        show(&data_paths),
-                        tokenizer.name(),
-                        tokenizer.vocab_size()
-                    )
-                })?
-            }
-            None => TrainingData::open(
+    // Until the run has started, what fails (the text, the plan) leaves no folder behind that
+    // this start made (`RunLock::started`).
+    let mut lock = RunLock::acquire(&out)?;
+    // Refuse an old run (or move it aside) before the data is read: a BPE run prepares its
+    // token files in the run folder.
+    if let Some(aside) = lock.clear_for_new_run(req.overwrite)? {
+        say(format!(
+            "moved the old run in {} aside into {}",
+            out.display(),
+            aside.display()
+        ));
+    }
+    let mut progress = progress_lines(say);
+    let data = match &init {
+        Some((dir, meta)) => {
+            let tokenizer = checkpoint::load_tokenizer(dir, meta)?;
+            TrainingData::open(
                 &data_paths,
-                &TokenizerChoice::of(&config),
+                &TokenizerChoice::Keep(Box::new(tokenizer.clone())),
                 &config,
                 Some(&out),
                 &mut progress,
-            )?,
-        };
-        report_data(&data, say);
-        if config.time_budget.seconds().is_some() {
-            plan::fit(
-                &mut config,
-                &req.overrides,
-                &data,
-                req.started,
-                &backend,
-                req.ops,
-                &out,
-                say,
-            )?;
+            )
+            .with_context(|| {
+                format!(
+                    "cannot fine-tune {} on {}: a fine-tuned model keeps its checkpoint's \
+                     tokenizer ({}, {} tokens); remove what it cannot encode from the text, or \
+                     train a new model on it without --init-from",
+                    dir.display(),
+                    show(&data_paths),
+                    tokenizer.name(),
+                    tokenizer.vocab_size()
+                )
+            })?
         }
-        let source = file.map_or("built in".into(), |f| f.display().to_string());
-        let planned = if config.time_budget.seconds().is_some() {
-            ", with the shape and schedule chosen for the time budget"
-        } else {
-            ""
-        };
-        say(format!(
-            "configuration ({source}{planned}):\n{}",
-            indent(&config.to_toml())
-        ));
-        write_config(&out, &config)?;
-        let trainer = match &init {
-            Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
-            None => Trainer::new(config, backend, data, out)?,
-        };
-        Ok(trainer)
-    })();
-    match made {
-        Ok(trainer) => Ok((trainer.with_ops(req.ops), lock)),
-        Err(e) => {
-            lock.give_up();
-            Err(e)
-        }
+        None => TrainingData::open(
+            &data_paths,
+            &TokenizerChoice::of(&config),
+            &config,
+            Some(&out),
+            &mut progress,
+        )?,
+    };
+    report_data(&data, say);
+    if config.time_budget.seconds().is_some() {
+        plan::fit(
+            &mut config,
+            &req.overrides,
+            &data,
+            req.started,
+            &backend,
+            req.ops,
+            &out,
+            say,
+        )?;
     }
+    let source = file.map_or("built in".into(), |f| f.display().to_string());
+    let planned = if config.time_budget.seconds().is_some() {
+        ", with the shape and schedule chosen for the time budget"
+    } else {
+        ""
+    };
+    say(format!(
+        "configuration ({source}{planned}):\n{}",
+        indent(&config.to_toml())
+    ));
+    write_config(&out, &config)?;
+    let trainer = match &init {
+        Some((dir, meta)) => Trainer::fine_tune(dir, meta, config, backend, data, out)?,
+        None => Trainer::new(config, backend, data, out)?,
+    };
+    lock.started();
+    Ok((trainer.with_ops(req.ops), lock))
 }
 
 /// A run's name from its config file's: `configs/tiny_cpu.toml` -> `tiny_cpu`.
@@ -263,7 +256,7 @@ fn resume(
     };
     // The run folder is the checkpoint's unless --out says otherwise; lock it before anything.
     let out = req.out.clone().unwrap_or_else(|| run.clone());
-    let lock = RunLock::acquire(&out)?;
+    let mut lock = RunLock::acquire(&out)?;
     if !same_folder(&out, &run) {
         lock.clear_for_new_run(false)?;
     }
@@ -368,6 +361,7 @@ fn resume(
         }
     }
     write_config(&out, &settings)?;
+    lock.started();
     Ok((trainer.with_ops(req.ops), lock))
 }
 

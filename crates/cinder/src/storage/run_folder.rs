@@ -55,8 +55,8 @@ pub enum RunFolderError {
 pub struct RunLock {
     dir: PathBuf,
     _file: File,
-    /// Whether [`RunLock::acquire`] made the folder.
-    created: bool,
+    /// Whether [`RunLock::acquire`] made the folder and the run has not yet started in it.
+    made_for_a_start: bool,
 }
 
 impl RunLock {
@@ -67,7 +67,7 @@ impl RunLock {
             dir: dir.to_path_buf(),
             source,
         };
-        let created = !dir.exists();
+        let made_for_a_start = !dir.exists();
         std::fs::create_dir_all(dir).map_err(unwritable)?;
         // Opened without truncating: the holder's process id stays readable until we hold it.
         let mut file = OpenOptions::new()
@@ -99,20 +99,13 @@ impl RunLock {
         Ok(Self {
             dir: dir.to_path_buf(),
             _file: file,
-            created,
+            made_for_a_start,
         })
     }
 
-    /// A run that failed to start (its text missing, say): the folder goes, where this lock
-    /// made it and it holds nothing but the lock and the start's own scratch (`.measuring/`,
-    /// an empty `data/`). A folder that was there before stays as it is, its lock released.
-    pub fn give_up(self) {
-        if self.created {
-            let _ = std::fs::remove_file(self.dir.join(LOCK));
-            let _ = std::fs::remove_dir_all(self.dir.join(names::MEASURING));
-            let _ = std::fs::remove_dir(self.dir.join(names::PREPARED));
-            let _ = std::fs::remove_dir(&self.dir);
-        }
+    /// The run has started in the folder: from now on it stays whatever happens.
+    pub fn started(&mut self) {
+        self.made_for_a_start = false;
     }
 
     /// The folder locked.
@@ -150,6 +143,20 @@ impl RunLock {
             std::fs::rename(dir.join(&name), aside.join(&name)).map_err(move_err)?;
         }
         Ok(Some(aside))
+    }
+}
+
+/// A run that failed to start (its text missing, say) leaves no folder that its lock made: the
+/// lock, the start's own scratch (`.measuring/`, an empty `data/`) and the folder go, where
+/// nothing else is in it. A folder that was there before stays as it is.
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        if self.made_for_a_start {
+            let _ = std::fs::remove_file(self.dir.join(LOCK));
+            let _ = std::fs::remove_dir_all(self.dir.join(names::MEASURING));
+            let _ = std::fs::remove_dir(self.dir.join(names::PREPARED));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
     }
 }
 
@@ -216,7 +223,8 @@ mod tests {
     fn the_trainer_is_seen_while_it_holds_the_lock_and_not_after() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("run");
-        let lock = RunLock::acquire(&dir).unwrap();
+        let mut lock = RunLock::acquire(&dir).unwrap();
+        lock.started();
         let seen = trainer_pid(&dir);
         drop(lock);
         // The file still names this process, which lives but holds it no longer.

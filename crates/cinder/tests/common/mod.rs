@@ -180,17 +180,24 @@ pub fn stalled(cmd: &mut Command, at: &str) -> Child {
 /// Waits until the `train` process `child` has written `run`'s first latest/, then sends it
 /// SIGTERM, on which it saves latest/ and exits.
 pub fn terminate_once_saved(child: &mut Child, run: &Path) {
+    signal_once_there(child, &run.join("latest/meta.json"), "-TERM");
+}
+
+/// Waits (at most 2 minutes) until `path` exists while `child` runs, then sends it `signal`
+/// (`kill`'s flag: `-TERM`, `-INT`).
+pub fn signal_once_there(child: &mut Child, path: &Path, signal: &str) {
     let started = Instant::now();
-    while !run.join("latest/meta.json").exists() {
+    while !path.exists() {
         assert!(child.try_wait().unwrap().is_none(), "train exited early");
         assert!(
             started.elapsed() < Duration::from_secs(120),
-            "no checkpoint written"
+            "{} never appeared",
+            path.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
