@@ -45,6 +45,8 @@ pub enum DataError {
         has: String,
         asked: String,
     },
+    #[error(transparent)]
+    Bpe(#[from] cinder_data::BpeError),
     #[error("{0}")]
     Tokenizer(String),
 }
@@ -84,10 +86,9 @@ impl TokenizerChoice {
                 progress("training the BPE tokenizer", 1, 1);
                 Tokenizer::Bpe(bpe)
             }
-            TokenizerChoice::New(TokenizerKind::File(path)) => Tokenizer::Bpe(
-                cinder_data::BpeTokenizer::from_file(path)
-                    .map_err(|e| DataError::Tokenizer(e.to_string()))?,
-            ),
+            TokenizerChoice::New(TokenizerKind::File(path)) => {
+                Tokenizer::Bpe(cinder_data::BpeTokenizer::from_file(path)?)
+            }
         })
     }
 }
@@ -101,12 +102,16 @@ pub struct TrainingData {
     pub splits: Splits,
     /// The size and checksum of the source texts, recorded in checkpoints.
     pub identity: TextIdentity,
+    /// The `tokenizer.json` of a prepared folder given as the data: the BPE it brings, which
+    /// the run trains with ([`TrainingData::settle`]).
+    pub tokenizer_file: Option<PathBuf>,
 }
 
 impl TrainingData {
     /// The data of a run. `paths` are text files and folders of them, or a single prepared
-    /// folder. The tokenizer is made as `choice` says (a prepared folder's must be the one
-    /// kept). Characters are encoded in memory; any other
+    /// folder. The tokenizer is made as `choice` says (a prepared folder brings its own: a
+    /// checkpoint's kept, a BPE or a tokenizer.json asked for must agree with it). Characters
+    /// are encoded in memory; any other
     /// tokenizer goes through token files prepared in `run_dir`/data (`run_dir` `None`: an
     /// error for a tokenizer that needs them).
     pub fn open(
@@ -126,25 +131,35 @@ impl TrainingData {
             {
                 return Err(DataError::OtherTokenizer(dir.clone()));
             }
-            // Characters are the default, which a prepared folder's own tokenizer replaces; a
-            // BPE asked for must be the folder's kind.
-            let asked = match choice {
-                TokenizerChoice::New(TokenizerKind::Bpe(_)) => {
-                    Some("a BPE (--tokenizer bpe)".into())
+            // A prepared folder brings its tokenizer, which replaces the default characters; a
+            // BPE asked for must be of its kind, and a tokenizer.json asked for must be its own.
+            let conflict = match (choice, &p.tokenizer) {
+                (TokenizerChoice::New(TokenizerKind::Bpe(_)), Tokenizer::Char(_)) => {
+                    Some("a BPE (--tokenizer bpe)".to_string())
                 }
-                TokenizerChoice::New(TokenizerKind::File(path)) => {
-                    Some(format!("the tokenizer in {}", path.display()))
+                (TokenizerChoice::New(TokenizerKind::File(path)), prepared) => {
+                    let asked = cinder_data::BpeTokenizer::from_file(path)?;
+                    (!matches!(prepared, Tokenizer::Bpe(t) if *t == asked))
+                        .then(|| format!("the tokenizer in {}", path.display()))
                 }
                 _ => None,
             };
-            if let (Some(asked), Tokenizer::Char(_)) = (asked, &p.tokenizer) {
+            if let Some(asked) = conflict {
+                let has = match &p.tokenizer {
+                    Tokenizer::Char(_) => "character",
+                    Tokenizer::Bpe(_) => "BPE",
+                };
                 return Err(DataError::PreparedWithOther {
                     dir: dir.clone(),
-                    has: format!("character ({} tokens)", p.tokenizer.vocab_size()),
+                    has: format!("{has} ({} tokens)", p.tokenizer.vocab_size()),
                     asked,
                 });
             }
-            return Ok(Self::from_prepared(paths.to_vec(), p));
+            let file = p.meta.tokenizer.file().map(|f| dir.join(f));
+            return Ok(Self {
+                tokenizer_file: file,
+                ..Self::from_prepared(paths.to_vec(), p)
+            });
         }
         let sources = Sources::open(paths)?;
         let tokenizer = choice.make(&sources, fraction, progress)?;
@@ -169,12 +184,26 @@ impl TrainingData {
         }
     }
 
+    /// Makes `config` name the tokenizer this data trains with, where a prepared folder's BPE
+    /// replaced what it said (the default characters, or a BPE to train): its tokenizer.json,
+    /// by an absolute path, so that the run's `config.toml` says what the run is.
+    pub fn settle(&self, config: &mut TrainConfig) {
+        if let Some(file) = &self.tokenizer_file
+            && !config.tokenizer_is_file()
+        {
+            let file = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+            config.tokenizer = file.display().to_string();
+            config.vocab_size = 0;
+        }
+    }
+
     fn from_prepared(paths: Vec<PathBuf>, p: Prepared) -> Self {
         Self {
             paths,
             tokenizer: p.tokenizer,
             splits: p.splits,
             identity: p.meta.identity,
+            tokenizer_file: None,
         }
     }
 
@@ -214,6 +243,7 @@ impl TrainingData {
             tokenizer,
             splits,
             identity: sources.identity(),
+            tokenizer_file: None,
         })
     }
 

@@ -133,6 +133,42 @@ fn texts_folders_and_prepared_datasets_train() {
         .success();
     let meta = checkpoint::load_meta(&run.join("latest")).unwrap();
     assert_eq!(meta.vocab.vocab_size(), 300);
+    // Its config.toml names the BPE it trained with, not the default characters, and trains
+    // on the folder again as it stands.
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let file = std::path::absolute(prepared.join("tokenizer.json")).unwrap();
+    assert!(
+        config.contains(&format!("tokenizer = {:?}", file.display().to_string())),
+        "{config}"
+    );
+    bin("train", dir.path())
+        .arg("--config")
+        .arg(run.join("config.toml"))
+        .arg("--data")
+        .arg(&prepared)
+        .args(["--max-iters", "1", "--out"])
+        .arg(dir.path().join("again"))
+        .assert()
+        .success();
+    // Another tokenizer.json asked for is refused, not trained on the folder's under a config
+    // that names the other.
+    let other = dir.path().join("other-prepared");
+    bin("prepare", dir.path())
+        .arg("--data")
+        .arg(docs.join("1.txt"))
+        .args(["--tokenizer", "bpe", "--vocab-size", "280", "--out"])
+        .arg(&other)
+        .assert()
+        .success();
+    fails_with(
+        bin("train", dir.path())
+            .arg("--data")
+            .arg(&prepared)
+            .arg("--tokenizer")
+            .arg(other.join("tokenizer.json"))
+            .args(["--max-iters", "1"]),
+        &["prepared with a BPE (300 tokens)", "the tokenizer in"],
+    );
     // Resuming reads the same prepared folder.
     bin("train", dir.path())
         .arg("--resume")

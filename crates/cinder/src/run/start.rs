@@ -190,6 +190,7 @@ fn start_new(
             &mut progress,
         )?,
     };
+    data.settle(&mut config);
     report_data(&data, say);
     if config.time_budget.seconds().is_some() {
         plan::fit(
