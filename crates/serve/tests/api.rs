@@ -989,6 +989,30 @@ fn logprobs_score_a_text_as_evaluate_does_and_are_the_models() {
         format!("ROMEO:{}", expected[0])
     );
 
+    // An empty prompt samples from the default one, which is not the user's to echo: echo
+    // adds nothing to it, text or tokens.
+    let plain = json!({"model": "tiny", "prompt": "", "max_tokens": 8, "seed": 3, "logprobs": 1});
+    let mut echoed = plain.clone();
+    echoed["echo"] = json!(true);
+    let ((status, alone), (echo_status, with_echo)) =
+        (server.complete(&plain), server.complete(&echoed));
+    assert_eq!((status, echo_status), (200, 200), "{alone} {with_echo}");
+    assert!(
+        alone["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{alone}"
+    );
+    assert_eq!(alone["choices"][0]["text"], with_echo["choices"][0]["text"]);
+    assert_eq!(
+        alone["choices"][0]["logprobs"],
+        with_echo["choices"][0]["logprobs"]
+    );
+    echoed["max_tokens"] = json!(0);
+    let (status, nothing) = server.complete(&echoed);
+    assert_eq!(status, 200, "{nothing}");
+    assert_eq!(nothing["choices"][0]["text"], "", "{nothing}");
+
     // Streamed: each chunk carries the tokens of its text, and together they are the whole's.
     let mut streamed_request = request.clone();
     streamed_request["stream"] = json!(true);

@@ -65,17 +65,15 @@ impl<'t> Running<'t> {
         let mut prompts = Vec::with_capacity(job.prompts.len());
         let mut echoes = Vec::new();
         for (index, prompt) in job.prompts.iter().enumerate() {
-            // An empty prompt samples from the start, as `generate` does without one.
-            let prompt = if prompt.is_empty() {
-                DEFAULT_PROMPT
-            } else {
-                prompt
-            };
+            // An empty prompt samples from the start, as `generate` does without one; there is
+            // nothing of it to echo.
+            let empty = prompt.is_empty();
+            let prompt = if empty { DEFAULT_PROMPT } else { prompt };
             let ids = match prompt_ids(tokenizer, prompt, false) {
                 Ok(ids) => ids,
                 Err(source) => return Err((events, EngineError::BadPrompt { index, source })),
             };
-            let echoed = if job.echo {
+            let echoed = if job.echo && !empty {
                 let context = model.gpt.block_size();
                 if job.logprobs.is_some() && ids.len() > context {
                     let tokens = ids.len();

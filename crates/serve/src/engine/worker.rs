@@ -41,6 +41,7 @@ pub(super) fn start(models: Models, load: Arc<Load>, max_rows: usize) -> mpsc::S
                 models,
                 inbox,
                 waiting: VecDeque::new(),
+                arrived: VecDeque::new(),
                 load,
                 max_rows,
             }
@@ -56,6 +57,9 @@ struct Worker {
     inbox: mpsc::Receiver<Work>,
     /// Work taken from the inbox while a batch of another model ran: served first.
     waiting: VecDeque<Work>,
+    /// Taken from the inbox during a batch and not yet served, in the order it came: it goes
+    /// to `waiting` after what closed the batch, when the batch ends or panics.
+    arrived: VecDeque<Work>,
     load: Arc<Load>,
     max_rows: usize,
 }
@@ -92,6 +96,7 @@ impl Worker {
                                 cinder_model::sampling(|| self.batch(model, job, events))
                             });
                             let _ = std::panic::catch_unwind(batch);
+                            self.waiting.append(&mut self.arrived);
                         }
                         Err(e) => {
                             self.load.done(None);
@@ -146,14 +151,15 @@ impl Worker {
             model.gpt.new_cache(self.max_rows)
         });
         let mut decoder = Decoder::with_cache(&model.gpt, &model.device, cache);
+        // What waits from before came before anything in the inbox: it joins or closes the
+        // batch first, by the same rule.
+        self.arrived.append(&mut self.waiting);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
         // admitted, so that its client may still leave (and free its place) while it waits
-        // for room.
+        // for room. A newcomer waiting here is of the batch: a panic fails it with the rest.
         let mut next = Some((first, events, None));
         let mut closed = false;
-        // Taken from the inbox and not yet served, in the order it came.
-        let mut arrived: VecDeque<Work> = VecDeque::new();
         loop {
             // A task on this model (`/tokenize`, the page's attention maps) runs now, between
             // two steps, whether newcomers may join or not; the rest waits its turn.
@@ -166,7 +172,7 @@ impl Worker {
                     } if m == id && self.models.is_current(&id, &model) => {
                         self.inspect(task, &claim, &id, Some(model.clone()));
                     }
-                    other => arrived.push_back(other),
+                    other => self.arrived.push_back(other),
                 }
             }
             // Newcomers join at a token boundary, while their rows fit.
@@ -174,7 +180,7 @@ impl Worker {
                 let (job, events, claim) = match next.take() {
                     Some(taken) => taken,
                     None if closed => break,
-                    None => match arrived.pop_front() {
+                    None => match self.arrived.pop_front() {
                         Some(Work::Complete(job, events, claim))
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
@@ -213,8 +219,8 @@ impl Worker {
                 }
             }
             if running.is_empty() {
+                // (what arrived goes to `waiting` in `run`, after what closed the batch)
                 *model.cache.lock().expect("only the worker takes it") = decoder.into_cache();
-                self.waiting.extend(arrived); // after what closed the batch, as they came
                 return;
             }
             let logits = decoder.next_logits();
