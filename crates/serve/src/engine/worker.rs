@@ -41,7 +41,6 @@ pub(super) fn start(models: Models, load: Arc<Load>, max_rows: usize) -> mpsc::S
                 models,
                 inbox,
                 waiting: VecDeque::new(),
-                arrived: VecDeque::new(),
                 load,
                 max_rows,
             }
@@ -55,11 +54,10 @@ pub(super) fn start(models: Models, load: Arc<Load>, max_rows: usize) -> mpsc::S
 struct Worker {
     models: Models,
     inbox: mpsc::Receiver<Work>,
-    /// Work taken from the inbox while a batch of another model ran: served first.
+    /// Work taken from the inbox during a batch and not served by it, in the order it came:
+    /// served before the inbox (a batch takes its own model's from the front, until the first
+    /// of another closes it). The worker's own, so that a batch's panic loses none of it.
     waiting: VecDeque<Work>,
-    /// Taken from the inbox during a batch and not yet served, in the order it came: it goes
-    /// to `waiting` after what closed the batch, when the batch ends or panics.
-    arrived: VecDeque<Work>,
     load: Arc<Load>,
     max_rows: usize,
 }
@@ -96,7 +94,6 @@ impl Worker {
                                 cinder_model::sampling(|| self.batch(model, job, events))
                             });
                             let _ = std::panic::catch_unwind(batch);
-                            self.waiting.append(&mut self.arrived);
                         }
                         Err(e) => {
                             self.load.done(None);
@@ -151,9 +148,6 @@ impl Worker {
             model.gpt.new_cache(self.max_rows)
         });
         let mut decoder = Decoder::with_cache(&model.gpt, &model.device, cache);
-        // What waits from before came before anything in the inbox: it joins or closes the
-        // batch first, by the same rule.
-        self.arrived.append(&mut self.waiting);
         let mut running: Vec<Running> = Vec::new();
         // Taken from the queue and not yet admitted; a newcomer's claim is taken when it is
         // admitted, so that its client may still leave (and free its place) while it waits
@@ -172,7 +166,7 @@ impl Worker {
                     } if m == id && self.models.is_current(&id, &model) => {
                         self.inspect(task, &claim, &id, Some(model.clone()));
                     }
-                    other => self.arrived.push_back(other),
+                    other => self.waiting.push_back(other),
                 }
             }
             // Newcomers join at a token boundary, while their rows fit.
@@ -180,14 +174,14 @@ impl Worker {
                 let (job, events, claim) = match next.take() {
                     Some(taken) => taken,
                     None if closed => break,
-                    None => match self.arrived.pop_front() {
+                    None => match self.waiting.pop_front() {
                         Some(Work::Complete(job, events, claim))
                             if job.model == id && self.models.is_current(&id, &model) =>
                         {
                             (job, events, Some(claim))
                         }
                         Some(other) => {
-                            self.waiting.push_back(other);
+                            self.waiting.push_front(other); // served next
                             closed = true;
                             break;
                         }
@@ -219,7 +213,6 @@ impl Worker {
                 }
             }
             if running.is_empty() {
-                // (what arrived goes to `waiting` in `run`, after what closed the batch)
                 *model.cache.lock().expect("only the worker takes it") = decoder.into_cache();
                 return;
             }
